@@ -1,0 +1,88 @@
+"""The `scaleout` command line. Verbs: plan, run, sweep, report, status, logs, cancel, prepare-data.
+
+Every verb takes config overrides as `key=value` words (`model=300m train.steps=50`) and
+`--config FILE` (repeatable). A mistake in the config is one sentence on stderr and exit code 2;
+nothing is run, written or submitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from launch.config import ConfigError
+
+EXIT_USAGE = 2
+
+
+class UserError(Exception):
+    """A mistake on the command line or in the run directory: one sentence, exit code 2."""
+
+
+def _config(args: argparse.Namespace):
+    from launch import config
+    return config.load(args.overrides, args.config or [])
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from launch import plan
+    p = plan.describe(_config(args))
+    print(plan.to_json(p) if args.json else plan.format_text(p))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from launch import runner
+    return runner.run_single(_config(args))
+
+
+def cmd_prepare_data(args: argparse.Namespace) -> int:
+    from launch import data
+    n = data.prepare_bytes(args.text, args.out, dtype=args.dtype)
+    print(f"wrote {n:,} tokens to {args.out} ({args.dtype}); use data.source=file data.path={args.out}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="scaleout", description="Launch the same transformer as a JAX or PyTorch FSDP2 job and report how both scale.")
+    sub = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. model=300m train.steps=50 sweep.devices=[1,2,4]")
+        p.add_argument("--config", action="append", metavar="FILE", help="a YAML file layered over the base config (repeatable)")
+        return p
+
+    p = with_config(sub.add_parser("plan", help="print what a config would run (no jax/torch needed)"))
+    p.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    p.set_defaults(func=cmd_plan)
+    p = with_config(sub.add_parser("run", help="run one cell (framework x devices) on the target"))
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("prepare-data", help="byte-tokenise a text file into a token file for data.source=file")
+    p.add_argument("text")
+    p.add_argument("out")
+    p.add_argument("--dtype", choices=("uint16", "uint32"), default="uint16")
+    p.set_defaults(func=cmd_prepare_data)
+    return ap
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    stray = [w for w in extra if w.startswith("-") or not hasattr(args, "overrides")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = list(args.overrides) + extra
+    try:
+        return args.func(args)
+    except (ConfigError, UserError) as e:
+        print(f"scaleout: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("scaleout: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
