@@ -163,6 +163,9 @@ def run(engine: Engine, cfg: Config, cell_dir: Path) -> Dict[str, Any]:
             if stopper.requested is not None:
                 summary["stopped_by"] = stopper.requested
                 break
+        if not compile_s and getattr(engine, "lazy_compile_s", 0):
+            compile_s = engine.lazy_compile_s  # torch.compile: traced and compiled inside the first step
+            w.write("compile", seconds=compile_s)
         c0 = time.perf_counter()
         engine.finish()
         if step_times:

@@ -1,0 +1,1 @@
+"""The JAX trainer: `python -m jaxrun --config CELL/config.yaml`."""

@@ -1,0 +1,88 @@
+"""Entry point: `python -m jaxrun --config CELL/config.yaml`.
+
+Joins the distributed runtime when there is more than one process: explicit coordinator
+settings from the local/TPU-emulation launcher (SCALEOUT_COORDINATOR, SCALEOUT_NUM_PROCESSES,
+SCALEOUT_PROCESS_ID), or `jax.distributed.initialize()`'s own detection under SLURM or on a
+TPU slice. On CPU the collectives go over gloo.
+"""
+
+from launch.loop import PROCESS_START  # noqa: F401  (first: time to first step counts from here)
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+
+
+def setup_distributed() -> None:
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if os.environ.get("SCALEOUT_COORDINATOR"):
+        jax.distributed.initialize(coordinator_address=os.environ["SCALEOUT_COORDINATOR"],
+                                   num_processes=int(os.environ["SCALEOUT_NUM_PROCESSES"]),
+                                   process_id=int(os.environ["SCALEOUT_PROCESS_ID"]))
+    elif int(os.environ.get("SLURM_NTASKS", "1")) > 1 or os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") > 0:
+        jax.distributed.initialize(**slurm_local_device_ids())
+
+
+def slurm_local_device_ids() -> dict:
+    """Under SLURM with several GPUs per task, give this task the GPUs it owns."""
+    gpus = os.environ.get("SLURM_STEP_GPUS") or os.environ.get("SLURM_JOB_GPUS")
+    per_task = os.environ.get("SLURM_GPUS_PER_TASK")
+    if gpus and per_task and int(per_task) > 1:
+        return {"local_device_ids": list(range(int(per_task)))}
+    return {}
+
+
+def setup_cache(cfg) -> None:
+    import jax
+
+    if cfg.jax.compilation_cache:
+        jax.config.update("jax_compilation_cache_dir", cfg.jax.cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m jaxrun")
+    ap.add_argument("--config", required=True, help="a cell's resolved config.yaml")
+    args = ap.parse_args(argv)
+    from launch.config import load_resolved
+    from launch import loop
+
+    cfg = load_resolved(args.config)
+    cell_dir = Path(args.config).resolve().parent
+    try:
+        setup_distributed()
+        setup_cache(cfg)
+        from jaxrun.train import JaxEngine
+        engine = JaxEngine(cfg, cell_dir)
+    except Exception as e:
+        _record_early_failure(cfg, cell_dir, e)
+        raise
+    loop.run(engine, cfg, cell_dir)
+    return 0
+
+
+def _record_early_failure(cfg, cell_dir, e) -> None:
+    """A failure before the loop starts still leaves a failed summary for status/report."""
+    from launch import metrics
+    from launch.rundir import METRICS_NAME
+    if int(os.environ.get("SCALEOUT_PROCESS_ID", os.environ.get("SLURM_PROCID", "0"))) == 0:
+        w = metrics.MetricsWriter(cell_dir / METRICS_NAME)
+        w.write("summary", framework="jax", devices=cfg.devices, status="failed", error=f"{type(e).__name__}: {e}",
+                steps=0, traceback=traceback.format_exc(limit=8))
+        w.close()
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except SystemExit:
+        raise
+    except BaseException as e:
+        traceback.print_exc()
+        print(f"[scaleout] error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        sys.exit(1)

@@ -1,0 +1,140 @@
+"""The Llama-style decoder in Flax NNX, layers stacked on a leading axis and scanned.
+
+token embedding -> n_layers x [RMSNorm -> causal attention with RoPE -> residual,
+RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> lm head. No biases. Weights are fp32
+(the master copy); `model.dtype=bf16` casts them to bf16 for the matmuls. Parameter names
+and (in, out) layouts follow `launch.params`, with per-block entries stacked on axis 0.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from launch.schema import ModelConfig
+
+DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
+REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _normal(rngs: nnx.Rngs, shape, std) -> jax.Array:
+    return std * jax.random.normal(rngs.params(), shape, jnp.float32)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, shape):
+        self.weight = nnx.Param(jnp.ones(shape, jnp.float32))
+
+
+class Attention(nnx.Module):
+    def __init__(self, m: ModelConfig, rngs: nnx.Rngs):
+        L, d = m.n_layers, m.d_model
+        out_std = m.init_std / (2 * m.n_layers) ** 0.5
+        self.wq = nnx.Param(_normal(rngs, (L, d, d), m.init_std))
+        self.wk = nnx.Param(_normal(rngs, (L, d, d), m.init_std))
+        self.wv = nnx.Param(_normal(rngs, (L, d, d), m.init_std))
+        self.wo = nnx.Param(_normal(rngs, (L, d, d), out_std))
+
+
+class FeedForward(nnx.Module):
+    def __init__(self, m: ModelConfig, rngs: nnx.Rngs):
+        L, d, f = m.n_layers, m.d_model, m.d_ff
+        out_std = m.init_std / (2 * m.n_layers) ** 0.5
+        self.w1 = nnx.Param(_normal(rngs, (L, d, f), m.init_std))
+        self.w3 = nnx.Param(_normal(rngs, (L, d, f), m.init_std))
+        self.w2 = nnx.Param(_normal(rngs, (L, f, d), out_std))
+
+
+class Layers(nnx.Module):
+    """All blocks' weights, stacked: every parameter has a leading n_layers axis."""
+
+    def __init__(self, m: ModelConfig, rngs: nnx.Rngs):
+        self.attention_norm = RMSNorm((m.n_layers, m.d_model))
+        self.attention = Attention(m, rngs)
+        self.ffn_norm = RMSNorm((m.n_layers, m.d_model))
+        self.feed_forward = FeedForward(m, rngs)
+
+
+class Transformer(nnx.Module):
+    def __init__(self, m: ModelConfig, rngs: nnx.Rngs):
+        self.tok_embeddings = nnx.Param(_normal(rngs, (m.vocab_size, m.d_model), m.init_std))
+        self.layers = Layers(m, rngs)
+        self.norm = RMSNorm((m.d_model,))
+        self.output = nnx.Param(_normal(rngs, (m.d_model, m.vocab_size), m.init_std))
+
+    def __call__(self, tokens: jax.Array, m: ModelConfig,
+                 constrain: Callable[[jax.Array], jax.Array] = lambda x: x) -> jax.Array:
+        """tokens (batch, seq) int32 -> logits (batch, seq, vocab) float32."""
+        dtype = DTYPES[m.dtype]
+        x = constrain(jnp.take(self.tok_embeddings[...], tokens, axis=0).astype(dtype))
+        cos, sin = rope_tables(tokens.shape[1], m.d_model // m.n_heads, m.rope_theta)
+        lp = self.layers
+        stacked = {
+            "attention_norm": lp.attention_norm.weight[...], "ffn_norm": lp.ffn_norm.weight[...],
+            "wq": lp.attention.wq[...], "wk": lp.attention.wk[...], "wv": lp.attention.wv[...],
+            "wo": lp.attention.wo[...], "w1": lp.feed_forward.w1[...], "w2": lp.feed_forward.w2[...],
+            "w3": lp.feed_forward.w3[...],
+        }
+
+        def block_fn(x, p):
+            return constrain(block(x, p, cos, sin, m)), None
+
+        if m.remat != "none":
+            block_fn = jax.checkpoint(block_fn, policy=REMAT_POLICIES[m.remat])
+        if m.scan_layers:
+            x, _ = jax.lax.scan(block_fn, x, stacked)
+        else:
+            for i in range(m.n_layers):
+                x, _ = block_fn(x, jax.tree.map(lambda a: a[i], stacked))
+        x = rms_norm(x, self.norm.weight[...], m.norm_eps)
+        return (x @ self.output[...].astype(dtype)).astype(jnp.float32)
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (y * weight).astype(x.dtype)
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float):
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    freqs = jnp.outer(jnp.arange(seq_len, dtype=jnp.float32), inv_freq)
+    emb = jnp.concatenate([freqs, freqs], axis=-1)  # (seq, head_dim), the rotate-half layout
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x (batch, seq, heads, head_dim); rotate-half convention (as in Llama's HF port and torchtitan's real form)."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return (x.astype(jnp.float32) * c + rotated.astype(jnp.float32) * s).astype(x.dtype)
+
+
+def block(x: jax.Array, p: dict, cos, sin, m: ModelConfig) -> jax.Array:
+    """One transformer block; `p` holds this layer's weights (no layer axis)."""
+    dtype = x.dtype
+    B, T, _ = x.shape
+    H, hd = m.n_heads, m.d_model // m.n_heads
+    h = rms_norm(x, p["attention_norm"], m.norm_eps)
+    q = (h @ p["wq"].astype(dtype)).reshape(B, T, H, hd)
+    k = (h @ p["wk"].astype(dtype)).reshape(B, T, H, hd)
+    v = (h @ p["wv"].astype(dtype)).reshape(B, T, H, hd)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    a = jax.nn.dot_product_attention(q, k, v, is_causal=True).reshape(B, T, H * hd)
+    x = x + a @ p["wo"].astype(dtype)
+    h = rms_norm(x, p["ffn_norm"], m.norm_eps)
+    g = jax.nn.silu(h @ p["w1"].astype(dtype)) * (h @ p["w3"].astype(dtype))
+    return x + g @ p["w2"].astype(dtype)
+
+
+def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean next-token cross-entropy in fp32."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))

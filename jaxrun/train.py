@@ -1,0 +1,226 @@
+"""State, optimizer and the jitted train step of the JAX trainer (the `Engine` of `launch.loop`).
+
+The train step is one `jax.jit` with explicit in/out shardings and donated state:
+grads (accumulated over `train.grad_accum` micro-batches) -> global-norm clip -> AdamW.
+Conventions shared with the PyTorch trainer (they keep the loss curves equal):
+- clip: g * min(1, clip_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_;
+- AdamW: eps added to sqrt(v_hat) after bias correction; decoupled decay p *= 1 - lr * wd,
+  applied to matmul weights only (not norms, not the embedding);
+- the learning rate of every step comes from `launch.loop.lr_at`, passed in as an argument.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from pathlib import Path
+from typing import Any, Dict, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from launch import metrics
+from launch.config import mesh_shape
+from launch.data import Batches
+from launch.params import init_param, init_stacked, param_table
+from launch.schema import Config
+from jaxrun import checkpoint, mesh as mesh_mod
+from jaxrun.model import Transformer, cross_entropy
+
+CLIP_EPS = 1e-6
+
+
+def make_optimizer(cfg: Config, decay_mask) -> optax.GradientTransformation:
+    t = cfg.train
+    return optax.chain(optax.scale_by_adam(b1=t.beta1, b2=t.beta2, eps=t.eps),
+                       optax.add_decayed_weights(t.weight_decay, mask=decay_mask))
+
+
+class JaxEngine:
+    framework = "jax"
+
+    def __init__(self, cfg: Config, cell_dir: Path):
+        self.cfg, self.cell_dir = cfg, cell_dir
+        self.process_index, self.process_count = jax.process_index(), jax.process_count()
+        self.mesh = mesh_mod.make_mesh(cfg)
+        self.device_kind = self.mesh.devices.flat[0].device_kind
+        self.platform = self.mesh.devices.flat[0].platform
+        m = cfg.model
+        self.graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(m, nnx.Rngs(0))))
+        parts = mesh_mod.param_partitions(cfg)
+        self.param_sh = jax.tree.map_with_path(lambda p, _: NamedSharding(self.mesh, parts[mesh_mod.path_name(p)]), abstract)
+        decay = {spec.name.replace(".{i}", ""): spec.decay for spec in param_table(m)}
+        self.decay_mask = jax.tree.map_with_path(lambda p, _: decay[mesh_mod.path_name(p)], abstract)
+        self.tx = make_optimizer(cfg, self.decay_mask)
+        self.abstract_params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, self.param_sh)
+        abstract_opt = jax.eval_shape(self.tx.init, self.abstract_params)
+        rep = mesh_mod.replicated(self.mesh)
+        self.opt_sh = optax.tree_map_params(self.tx, lambda _, s: s, abstract_opt, self.param_sh,
+                                            transform_non_params=lambda _: rep)
+        self.abstract_opt = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_opt, self.opt_sh)
+        self.batch_sh = mesh_mod.batch_sharding(self.mesh)
+        self.data = Batches(cfg.data, m.vocab_size, m.seq_len)
+        self.params = self.opt_state = None
+        self.compiled = None
+        self.ckpt = checkpoint.Checkpointer(cfg, self.abstract_state())
+        self._step_fn = jax.jit(self._train_step, in_shardings=(self.param_sh, self.opt_sh, self.batch_sh, self.batch_sh, None),
+                                out_shardings=(self.param_sh, self.opt_sh, rep, rep), donate_argnums=(0, 1))
+
+    # ------------------------------------------------------------------ the math
+    def _loss(self, params, inputs, targets):
+        model = nnx.merge(self.graphdef, params)
+        logits = model(inputs, self.cfg.model, mesh_mod.activation_constraint(self.mesh))
+        return cross_entropy(logits, targets)
+
+    def _train_step(self, params, opt_state, inputs, targets, lr):
+        accum = self.cfg.train.grad_accum
+        grad_fn = jax.value_and_grad(self._loss)
+        if accum == 1:
+            loss, grads = grad_fn(params, inputs, targets)
+        else:
+            def micro(x):  # (B, T) -> (accum, B/accum, T): micro-batch j takes rows j, j+accum, ...
+                x = x.reshape(x.shape[0] // accum, accum, x.shape[1]).swapaxes(0, 1)
+                return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, jax.sharding.PartitionSpec(None, ("data", "fsdp"), None)))
+
+            def body(carry, mb):
+                loss_sum, g_sum = carry
+                l, g = grad_fn(params, *mb)
+                return (loss_sum + l, jax.tree.map(jnp.add, g_sum, g)), None
+
+            zeros = jax.tree.map(jnp.zeros_like, params)
+            (loss, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), (micro(inputs), micro(targets)))
+            loss, grads = loss / accum, jax.tree.map(lambda g: g / accum, grads)
+        gnorm = optax.global_norm(grads)
+        if self.cfg.train.clip_norm > 0:
+            scale = jnp.minimum(1.0, self.cfg.train.clip_norm / (gnorm + CLIP_EPS))
+            grads = jax.tree.map(lambda g: g * scale, grads)
+        updates, opt_state = self.tx.update(grads, opt_state, params)
+        params = jax.tree.map(lambda p, u: p - lr * u, params, updates)
+        return params, opt_state, loss, gnorm
+
+    # ------------------------------------------------------------------ Engine
+    def abstract_state(self) -> Dict[str, Any]:
+        return {"params": self.abstract_params, "opt_state": self.abstract_opt}
+
+    def compile(self) -> float:
+        B, T = self.cfg.train.global_batch, self.cfg.model.seq_len
+        batch = jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=self.batch_sh)
+        t0 = time.perf_counter()
+        self.compiled = self._step_fn.lower(self.abstract_params, self.abstract_opt, batch, batch,
+                                            jax.ShapeDtypeStruct((), jnp.float32)).compile()
+        return time.perf_counter() - t0
+
+    def init_state(self) -> None:
+        m, seed = self.cfg.model, self.cfg.train.seed
+        if m.init == "native":
+            def make():
+                return nnx.state(Transformer(m, nnx.Rngs(seed)), nnx.Param)
+            self.params = jax.jit(make, out_shardings=self.param_sh)()
+        else:
+            specs = {spec.name.replace(".{i}", ""): spec for spec in param_table(m)}
+
+            def value(path, sds):
+                spec = specs[mesh_mod.path_name(path)]
+                host = init_stacked(m, seed, spec) if spec.per_layer else init_param(m, seed, spec.name, spec)
+                # each device receives only its shard of the host array
+                return jax.make_array_from_callback(sds.shape, sds.sharding, lambda idx: host[idx])
+
+            self.params = jax.tree.map_with_path(value, self.abstract_params)
+        self.opt_state = jax.jit(self.tx.init, out_shardings=self.opt_sh)(self.params)
+
+    def restore(self) -> int:
+        state, step = self.ckpt.restore_latest()
+        if state is None:
+            self.init_state()
+            return 0
+        self.params, self.opt_state = state["params"], state["opt_state"]
+        return step
+
+    def _batch(self, step: int):
+        B = self.cfg.train.global_batch
+        cache: Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]] = {}
+
+        def rows(idx):
+            sl = idx[0]
+            key = (sl.start or 0, sl.stop if sl.stop is not None else B)
+            if key not in cache:
+                cache[key] = self.data.split(step, *key)
+            return cache[key]
+
+        inputs = jax.make_array_from_callback((B, self.cfg.model.seq_len), self.batch_sh, lambda idx: rows(idx)[0])
+        targets = jax.make_array_from_callback((B, self.cfg.model.seq_len), self.batch_sh, lambda idx: rows(idx)[1])
+        return inputs, targets
+
+    def train_step(self, step: int, lr: float):
+        inputs, targets = self._batch(step)
+        self.params, self.opt_state, loss, gnorm = self.compiled(self.params, self.opt_state, inputs, targets, np.float32(lr))
+        return _scalar(loss), _scalar(gnorm)
+
+    def save(self, step: int) -> None:
+        self.ckpt.save(step, {"params": self.params, "opt_state": self.opt_state}, self.metadata())
+
+    def finish(self) -> None:
+        self.ckpt.close()
+
+    def metadata(self) -> Dict[str, Any]:
+        from launch.config import math_hash
+        return {"framework": "jax", "config_hash": math_hash(self.cfg), "mesh": mesh_shape(self.cfg),
+                "devices": self.cfg.devices, "processes": self.process_count, "versions": self.versions()}
+
+    def versions(self) -> Dict[str, str]:
+        import flax
+        import orbax.checkpoint as ocp
+        return {"jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
+                "orbax": getattr(ocp, "__version__", "?"), "python": platform.python_version()}
+
+    def peak_flops_per_device(self) -> float:
+        from launch.flops import datasheet_peak
+        if self.platform != "cpu":
+            return datasheet_peak(self.device_kind) or 0.0
+        return cpu_peak_per_device(self.cfg.devices, self.process_count)
+
+    def bytes_per_device(self) -> Dict[str, int]:
+        dev = self.mesh.devices.flat[0] if self.process_index == 0 else jax.local_devices()[0]
+
+        def on_device(tree) -> int:
+            total = 0
+            for leaf in jax.tree.leaves(tree):
+                for shard in leaf.addressable_shards:
+                    if shard.device == dev:
+                        total += shard.data.nbytes
+            return total
+
+        w = on_device(self.params)
+        return {"weights": w, "grads": w, "optimizer": on_device(self.opt_state), "total": 2 * w + on_device(self.opt_state)}
+
+    def peak_memory_bytes(self) -> int:
+        stats = self.mesh.devices.flat[0].memory_stats() if self.platform != "cpu" else None
+        if stats and "peak_bytes_in_use" in stats:
+            return int(stats["peak_bytes_in_use"])
+        return metrics.peak_rss_bytes()
+
+
+def _scalar(x: jax.Array) -> float:
+    return float(np.asarray(x.addressable_data(0)))
+
+
+def cpu_peak_per_device(devices: int, processes: int) -> float:
+    """Host matmul peak measured now in this process, shared by the simulated devices on the host.
+
+    Every process measures at the same time (after a barrier), so each sees its share of the cores.
+    """
+    from jax.experimental import multihost_utils
+
+    def run(n):
+        a = jax.device_put(jnp.ones((n, n), jnp.float32), jax.local_devices()[0])
+        f = jax.jit(lambda x: x @ x)
+        return lambda: f(a).block_until_ready()
+
+    if processes > 1:
+        multihost_utils.sync_global_devices("calibrate")
+    per_process = metrics.calibrate_matmul(run)
+    return per_process * processes / devices

@@ -1,0 +1,1 @@
+"""The PyTorch trainer: `torchrun ... -m torchrun_fsdp --config CELL/config.yaml`."""

@@ -1,0 +1,186 @@
+"""Model build, FSDP2 wrapping, optimizer and the train step of the PyTorch trainer (the `Engine`).
+
+The model is built on the meta device, sharded with FSDP2, then materialised: every rank fills
+only its own shard from the framework-neutral numpy init (`launch.params`), so no rank ever holds
+the whole model. Conventions shared with the JAX trainer: torch's clip_grad_norm_ (norm + 1e-6),
+AdamW with eps outside the sqrt and decoupled decay on matmul weights only, lr from
+`launch.loop.lr_at` set on every step.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Dict
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from launch import metrics
+from launch.config import math_hash, mesh_shape
+from launch.data import Batches
+from launch.params import init_param, named_params
+from launch.schema import Config
+from torchrun_fsdp import parallel
+from torchrun_fsdp.checkpoint import Checkpointer
+from torchrun_fsdp.model import Transformer, cross_entropy
+
+
+def local_values(param: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a full tensor, laid out as `param` is (DTensor shard or plain)."""
+    if isinstance(param, DTensor):
+        return distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
+    return full
+
+
+class TorchEngine:
+    framework = "torch"
+
+    def __init__(self, cfg: Config, cell_dir: Path):
+        self.cfg, self.cell_dir = cfg, cell_dir
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.process_index, self.process_count = self.rank, self.world
+        if torch.cuda.is_available():
+            local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+            self.device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(self.device)
+            self.device_kind = torch.cuda.get_device_name(self.device)
+        else:
+            self.device = torch.device("cpu")
+            self.device_kind = "cpu"
+        self.mesh = parallel.build_mesh(cfg, self.device.type)
+        m = cfg.model
+        with torch.device("meta"):
+            model = Transformer(m)
+        parallel.apply_ac(model, m.remat)
+        self.lazy_compile_s = 0.0
+        if cfg.torch.compile:
+            parallel.apply_compile(model)
+        parallel.apply_fsdp(model, self.mesh, m.dtype)
+        model.to_empty(device=self.device)
+        self.model = model
+        self._init_weights()
+        decay_names = {name for name, spec in named_params(m) if spec.decay}
+        groups = {True: [], False: []}
+        for name, p in model.named_parameters():
+            groups[_canonical(name) in decay_names].append(p)
+        t = cfg.train
+        self.optimizer = torch.optim.AdamW(
+            [{"params": groups[True], "weight_decay": t.weight_decay}, {"params": groups[False], "weight_decay": 0.0}],
+            lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, foreach=True)
+        self.data = Batches(cfg.data, m.vocab_size, m.seq_len)
+        dp = self.world
+        self.rows_per_rank = t.global_batch // dp
+        self.ckpt = Checkpointer(cfg, self.model, self.optimizer, self.rank)
+
+    def _init_weights(self) -> None:
+        m, seed = self.cfg.model, self.cfg.train.seed
+        specs = dict(named_params(m))
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                canon = _canonical(name)
+                full = torch.from_numpy(init_param(m, seed, canon, specs[canon])).to(self.device)
+                (p.to_local() if isinstance(p, DTensor) else p).copy_(local_values(p, full))
+
+    # ------------------------------------------------------------------ Engine
+    def compile(self) -> float:
+        return 0.0  # eager; torch.compile compiles lazily and is timed in the first step
+
+    def restore(self) -> int:
+        return self.ckpt.restore_latest()
+
+    def train_step(self, step: int, lr: float):
+        t = self.cfg.train
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        start = self.rank * self.rows_per_rank
+        inputs, targets = self.data.split(step, start, start + self.rows_per_rank)
+        inputs = torch.from_numpy(inputs.astype(np.int64)).to(self.device)
+        targets = torch.from_numpy(targets.astype(np.int64)).to(self.device)
+        accum = t.grad_accum
+        micro = self.rows_per_rank // accum
+        loss_sum = torch.zeros((), device=self.device)
+        t0 = time.perf_counter()
+        for j in range(accum):
+            sel = slice(None) if accum == 1 else torch.arange(j, self.rows_per_rank, accum, device=self.device)
+            self.model.set_requires_gradient_sync(j == accum - 1)
+            loss = cross_entropy(self.model(inputs[sel]), targets[sel])
+            (loss / accum).backward()
+            loss_sum += loss.detach()
+        if self.cfg.torch.compile and not self.lazy_compile_s:
+            self._sync()
+            self.lazy_compile_s = time.perf_counter() - t0  # the first step traces and compiles every block
+        max_norm = t.clip_norm if t.clip_norm > 0 else float("inf")
+        gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if isinstance(gnorm, DTensor):
+            gnorm = gnorm.full_tensor()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = loss_sum / accum
+        dist.all_reduce(loss, op=dist.ReduceOp.AVG if self.device.type == "cuda" else dist.ReduceOp.SUM)
+        if self.device.type != "cuda":
+            loss /= self.world  # gloo has no AVG
+        self.ckpt.poll()
+        return float(loss), float(gnorm)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def save(self, step: int) -> None:
+        self.ckpt.save(step, {"framework": "torch", "config_hash": math_hash(self.cfg), "mesh": mesh_shape(self.cfg),
+                              "devices": self.cfg.devices, "processes": self.world, "versions": self.versions()})
+
+    def finish(self) -> None:
+        self.ckpt.close()
+
+    def versions(self) -> Dict[str, str]:
+        return {"torch": torch.__version__, "python": platform.python_version()}
+
+    def peak_flops_per_device(self) -> float:
+        from launch.flops import datasheet_peak
+        if self.device.type == "cuda":
+            return datasheet_peak(self.device_kind) or 0.0
+        return cpu_peak_per_device(self.world)
+
+    def bytes_per_device(self) -> Dict[str, int]:
+        def local_bytes(t: torch.Tensor) -> int:
+            t = t.to_local() if isinstance(t, DTensor) else t
+            return t.numel() * t.element_size()
+
+        w = sum(local_bytes(p) for p in self.model.parameters())
+        opt = sum(local_bytes(v) for s in self.optimizer.state.values() for v in s.values()
+                  if isinstance(v, torch.Tensor) and v.dim() > 0)
+        return {"weights": w, "grads": w, "optimizer": opt, "total": 2 * w + opt}
+
+    def peak_memory_bytes(self) -> int:
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        return metrics.peak_rss_bytes()
+
+
+def _canonical(name: str) -> str:
+    """FSDP/AC/compile wrappers add prefixes (`_checkpoint_wrapped_module.`, `_orig_mod.`); drop them."""
+    return name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
+
+
+def cpu_peak_per_device(world: int) -> float:
+    """Host fp32 matmul peak, measured now by rank 0 with all cores while the others wait, / world."""
+    peak = torch.zeros(1)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(os.cpu_count() or 1)
+
+        def run(n):
+            a = torch.ones(n, n)
+            return lambda: torch.mm(a, a)
+
+        peak[0] = metrics.calibrate_matmul(run)
+        torch.set_num_threads(threads)
+    dist.broadcast(peak, src=0)
+    return float(peak[0]) / world
