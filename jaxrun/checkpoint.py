@@ -33,16 +33,25 @@ class Checkpointer:
         self.manager = ocp.CheckpointManager(cfg.checkpoint.dir, options=options, item_names=("state", "meta"))
 
     def restore_latest(self) -> Tuple[Optional[Dict[str, Any]], int]:
-        step = self.manager.latest_step()
+        """The latest complete state of this cell, else of `checkpoint.load_from`, else (None, 0)."""
+        manager, where = self.manager, self.cfg.checkpoint.dir
+        step = manager.latest_step()
+        if step is None and self.cfg.checkpoint.load_from:
+            where = self.cfg.checkpoint.load_from
+            manager = ocp.CheckpointManager(where, options=ocp.CheckpointManagerOptions(read_only=True),
+                                            item_names=("state", "meta"))
+            step = manager.latest_step()
+            if step is None:
+                raise FileNotFoundError(f"checkpoint.load_from={where!r} holds no complete checkpoint")
         if step is None:
             return None, 0
-        meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         want = math_hash(self.cfg)
         if meta.get("config_hash") != want:
             raise CheckpointMismatch(
-                f"the checkpoint at step {step} in {self.cfg.checkpoint.dir} was written by a different model/train/data "
+                f"the checkpoint at step {step} in {where} was written by a different model/train/data "
                 f"config (hash {meta.get('config_hash')}, this run {want}); use another run.name or remove that directory")
-        restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(self.abstract)))
+        restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(self.abstract)))
         return restored["state"], step
 
     def save(self, step: int, state: Dict[str, Any], meta: Dict[str, Any]) -> None:
@@ -52,3 +61,22 @@ class Checkpointer:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def load_params_numpy(ckpt_dir, step: int) -> Dict[str, Any]:
+    """The params of a saved step as host numpy arrays keyed by stacked name (`layers.attention.wq`).
+
+    Needs no mesh: for converters (`launch.params.unstack` -> PyTorch) and tests.
+    """
+    import jax
+    import numpy as np
+
+    item = f"{ckpt_dir}/{step}/state"
+    meta = ocp.PyTreeCheckpointer().metadata(item)
+    tree = meta.item_metadata.tree if hasattr(meta, "item_metadata") else meta.tree
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+    state = ocp.PyTreeCheckpointer().restore(item, restore_args=restore_args)
+    flat = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state["params"])[0]:
+        flat[".".join(str(getattr(k, "key", k)) for k in path if str(getattr(k, "key", k)) != "value")] = np.asarray(leaf)
+    return flat

@@ -94,7 +94,7 @@ class JaxEngine:
             zeros = jax.tree.map(jnp.zeros_like, params)
             (loss, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), (micro(inputs), micro(targets)))
             loss, grads = loss / accum, jax.tree.map(lambda g: g / accum, grads)
-        gnorm = optax.global_norm(grads)
+        gnorm = optax.tree.norm(grads)
         if self.cfg.train.clip_norm > 0:
             scale = jnp.minimum(1.0, self.cfg.train.clip_norm / (gnorm + CLIP_EPS))
             grads = jax.tree.map(lambda g: g * scale, grads)
@@ -209,10 +209,7 @@ def _scalar(x: jax.Array) -> float:
 
 
 def cpu_peak_per_device(devices: int, processes: int) -> float:
-    """Host matmul peak measured now in this process, shared by the simulated devices on the host.
-
-    Every process measures at the same time (after a barrier), so each sees its share of the cores.
-    """
+    """Host fp32 matmul peak, measured now by process 0 while the others wait, / simulated devices."""
     from jax.experimental import multihost_utils
 
     def run(n):
@@ -220,7 +217,10 @@ def cpu_peak_per_device(devices: int, processes: int) -> float:
         f = jax.jit(lambda x: x @ x)
         return lambda: f(a).block_until_ready()
 
-    if processes > 1:
-        multihost_utils.sync_global_devices("calibrate")
-    per_process = metrics.calibrate_matmul(run)
-    return per_process * processes / devices
+    if processes == 1:
+        return metrics.calibrate_matmul(run) / devices
+    multihost_utils.sync_global_devices("calibrate")
+    peak = np.float32(metrics.calibrate_matmul(run) if jax.process_index() == 0 else 0.0)
+    peak = float(multihost_utils.broadcast_one_to_all(peak))
+    multihost_utils.sync_global_devices("calibrated")
+    return peak / devices

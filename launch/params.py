@@ -89,3 +89,27 @@ def init_param(m: ModelConfig, seed: int, name: str, spec: ParamSpec) -> np.ndar
 def init_stacked(m: ModelConfig, seed: int, spec: ParamSpec) -> np.ndarray:
     """A per-block parameter for all layers, stacked on axis 0 (the JAX layout)."""
     return np.stack([init_param(m, seed, spec.name.format(i=i), spec) for i in range(m.n_layers)])
+
+
+def stack(per_layer: Dict[str, np.ndarray], m: ModelConfig) -> Dict[str, np.ndarray]:
+    """PyTorch layout (`layers.3.attention.wq`) -> JAX layout (`layers.attention.wq`, layer axis first)."""
+    out = {}
+    for spec in param_table(m):
+        if spec.per_layer:
+            out[spec.name.replace(".{i}", "")] = np.stack([np.asarray(per_layer[spec.name.format(i=i)]) for i in range(m.n_layers)])
+        else:
+            out[spec.name] = np.asarray(per_layer[spec.name])
+    return out
+
+
+def unstack(stacked: Dict[str, np.ndarray], m: ModelConfig) -> Dict[str, np.ndarray]:
+    """JAX layout -> PyTorch layout; the inverse of `stack`."""
+    out = {}
+    for spec in param_table(m):
+        if spec.per_layer:
+            arr = np.asarray(stacked[spec.name.replace(".{i}", "")])
+            for i in range(m.n_layers):
+                out[spec.name.format(i=i)] = arr[i]
+        else:
+            out[spec.name] = np.asarray(stacked[spec.name])
+    return out

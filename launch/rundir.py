@@ -53,6 +53,7 @@ def cell_config(cfg: Config, name: str) -> Config:
         "run.dir": str(Path(cfg.run.dir).expanduser().resolve()),
         "jax.cache_dir": _join(cfg.jax.cache_dir),
         **({"data.path": _join(cfg.data.path)} if cfg.data.path else {}),
+        **({"checkpoint.load_from": _join(cfg.checkpoint.load_from)} if cfg.checkpoint.load_from else {}),
     })
 
 

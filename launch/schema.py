@@ -69,6 +69,7 @@ class CheckpointConfig:
     every: int = 10  # save every this many steps (and at the end); 0 saves only at the end
     keep: int = 2  # complete checkpoints kept
     async_: bool = field(default=True, metadata={"yaml": "async"})  # write in the background
+    load_from: Optional[str] = None  # when the cell has no checkpoint yet, start from the latest one here
 
 
 @dataclass

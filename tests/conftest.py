@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# In-process JAX tests see 4 simulated CPU devices (must be set before jax is imported).
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
 
 @pytest.fixture
@@ -30,3 +32,28 @@ def run_cli(args, cwd, env=None, timeout=600):
     """The CLI as a user runs it: a subprocess."""
     return subprocess.run([sys.executable, "-m", "launch", *args], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+def run_cell(tmp_path, *overrides, env=None, timeout=600, check=True):
+    """`scaleout run` in a subprocess with checkpoints/runs under tmp_path.
+
+    Returns (completed process, records of the cell's metrics.jsonl)."""
+    from launch import metrics
+    args = ["run", f"run.dir={tmp_path}/runs", f"checkpoint.dir={tmp_path}/ckpt",
+            f"jax.cache_dir={tmp_path}/jaxcache", *overrides]
+    p = run_cli(args, cwd=tmp_path, env=env, timeout=timeout)
+    if check:
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    cell = next((l.split("cell ", 1)[1].split(":", 1)[0] for l in p.stdout.splitlines() if l.startswith("[scaleout] cell ")), None)
+    run_name = next((o.split("=", 1)[1] for o in overrides if o.startswith("run.name=")), "tiny")
+    recs = metrics.read(tmp_path / "runs" / run_name / cell / "metrics.jsonl") if cell else []
+    return p, recs
+
+
+def losses(recs, since=0):
+    """{step: loss} of the step records (a resumed cell appends; later records win)."""
+    return {r["step"]: r["loss"] for r in recs if r["kind"] == "step" and r["step"] > since}
+
+
+def summary(recs):
+    return [r for r in recs if r["kind"] == "summary"][-1]

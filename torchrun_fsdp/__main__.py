@@ -74,4 +74,8 @@ if __name__ == "__main__":
     except BaseException as e:
         traceback.print_exc()
         print(f"[scaleout] error (rank {os.environ.get('RANK', '0')}): {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        sys.exit(1)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # exit now: atexit hooks (jax.distributed.shutdown, process-group teardown) would wait for
+        # peers that are blocked in a collective with us, and the launcher must see the failure
+        os._exit(1)

@@ -102,7 +102,12 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ load
     def restore_latest(self) -> int:
+        """Load the latest committed step of this cell, else of `checkpoint.load_from`; 0 if none."""
         steps = complete_steps(self.root, warn=self.rank == 0)
+        if not steps and self.cfg.checkpoint.load_from:
+            steps = complete_steps(Path(self.cfg.checkpoint.load_from), warn=self.rank == 0)
+            if not steps:
+                raise FileNotFoundError(f"checkpoint.load_from={self.cfg.checkpoint.load_from!r} holds no committed checkpoint")
         if not steps:
             return 0
         step, path = steps[-1]
@@ -110,7 +115,7 @@ class Checkpointer:
         want = math_hash(self.cfg)
         if meta.get("config_hash") != want:
             raise CheckpointMismatch(
-                f"the checkpoint at step {step} in {self.root} was written by a different model/train/data config "
+                f"the checkpoint at step {step} in {path.parent} was written by a different model/train/data config "
                 f"(hash {meta.get('config_hash')}, this run {want}); use another run.name or remove that directory")
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state = {"model": model_sd, "optim": optim_sd}

@@ -116,12 +116,25 @@ def launch(request: LocalRequest, echo: bool = True) -> LocalResult:
         t = threading.Thread(target=_pump, args=(proc, prefix, logs / f"{spec.name}.log", tail, echo), daemon=True)
         t.start()
         running.append((spec, proc, t, tail))
+    ended: Dict[int, float] = {}
+
+    def waiter(proc: subprocess.Popen) -> None:
+        proc.wait()
+        ended[proc.pid] = time.monotonic()
+
+    for _, proc, _, _ in running:
+        threading.Thread(target=waiter, args=(proc,), daemon=True).start()
     result = LocalResult(0)
     try:
         while True:
             codes = [p.poll() for _, p, _, _ in running]
             failed = [(s, p, t, tl) for (s, p, t, tl), c in zip(running, codes) if c not in (None, 0)]
             if failed:
+                # a peer's failure makes the others fail too (closed connections, aborted runtime):
+                # name the process that ended first, preferring an error of its own over a signal
+                time.sleep(0.5)
+                failed = [(s, p, t, tl) for (s, p, t, tl) in running if p.poll() not in (None, 0)]
+                failed.sort(key=lambda x: (x[1].returncode < 0, ended.get(x[1].pid, float("inf"))))
                 spec, proc, t, tail = failed[0]
                 t.join(timeout=5)
                 result = LocalResult(proc.returncode, spec.name, list(tail))

@@ -1,0 +1,177 @@
+"""The JAX trainer, run for real: sharding does not change the math, checkpoints resume exactly."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, losses, run_cell, summary
+
+pytestmark = pytest.mark.slow
+STEPS = ["train.steps=12", "checkpoint.async=false"]
+
+
+def curve(recs):
+    d = losses(recs)
+    return np.array([d[k] for k in sorted(d)])
+
+
+def test_loss_decreases_over_30_steps(tmp_path):
+    _, recs = run_cell(tmp_path, "train.steps=30")
+    c = curve(recs)
+    assert len(c) == 30
+    assert c[-5:].mean() < c[:3].mean() - 1.0, c
+    s = summary(recs)
+    assert s["status"] == "ok" and s["framework"] == "jax" and s["steps"] == 30
+    for key in ("compile_s", "time_to_first_step_s", "step_time_p50_s", "step_time_p90_s", "tokens_per_s",
+                "tokens_per_s_per_device", "mfu", "flops_per_token", "peak_flops_per_device", "params", "bytes_per_device"):
+        assert s[key] is not None and s[key] != 0, key
+    step = [r for r in recs if r["kind"] == "step"][-1]
+    assert set(step) >= {"step", "loss", "grad_norm", "lr", "step_time_s", "tokens_per_s", "tokens_per_s_per_device", "mfu"}
+    assert [r for r in recs if r["kind"] == "compile"][0]["seconds"] > 0
+
+
+def test_sharding_does_not_change_the_math(tmp_path):
+    layouts = [
+        ["devices=1"],
+        ["devices=2"],
+        ["devices=4"],  # fsdp=4
+        ["devices=4", "parallel.fsdp=1", "parallel.data=4"],
+        ["devices=4", "parallel.fsdp=1", "parallel.data=2", "parallel.tensor=2"],
+        ["devices=2", "train.grad_accum=2"],
+    ]
+    curves = []
+    for i, extra in enumerate(layouts):
+        _, recs = run_cell(tmp_path, *STEPS, f"run.name=l{i}", *extra)
+        curves.append(curve(recs))
+    for c in curves[1:]:
+        np.testing.assert_allclose(c, curves[0], rtol=1e-4)
+
+
+def test_stop_after_then_resume_equals_uninterrupted(tmp_path):
+    _, full = run_cell(tmp_path, *STEPS, "run.name=full", "devices=2")
+    _, first = run_cell(tmp_path, *STEPS, "run.name=chunk", "devices=2", "train.stop_after=8")
+    assert summary(first)["status"] == "stopped" and summary(first)["steps"] == 8
+    _, second = run_cell(tmp_path, *STEPS, "run.name=chunk", "devices=2")
+    s = summary(second)
+    assert s["resumed_from_step"] == 8 and s["steps"] == 12 and s["status"] == "ok"
+    assert min(losses(second, since=8)) and min(k for k in losses(second, since=8)) == 9
+    np.testing.assert_allclose(s["final_loss"], summary(full)["final_loss"], rtol=1e-6)
+
+
+def test_sigkill_after_checkpoint_resumes_to_identical_weights(tmp_path):
+    from jaxrun_helpers import final_params
+    base = [*STEPS, "devices=2", "checkpoint.every=4", "checkpoint.keep=5"]
+    run_cell(tmp_path, *base, "run.name=ref")
+    args = [sys.executable, "-m", "launch", "run", f"run.dir={tmp_path}/runs", f"checkpoint.dir={tmp_path}/ckpt",
+            f"jax.cache_dir={tmp_path}/jaxcache", *base, "run.name=killed"]
+    proc = subprocess.Popen(args, cwd=tmp_path, env={**os.environ, "SCALEOUT_FAULT": "hang@7"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    ckpt = tmp_path / "ckpt" / "killed" / "jax-d2"
+    deadline = time.time() + 120
+    while not (ckpt / "4").is_dir() and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert (ckpt / "4").is_dir() and not (ckpt / "8").exists()
+    _, recs = run_cell(tmp_path, *base, "run.name=killed")
+    assert summary(recs)["resumed_from_step"] == 4
+    ref, got = final_params(tmp_path / "ckpt" / "ref" / "jax-d2", 12), final_params(ckpt, 12)
+    assert ref.keys() == got.keys()
+    for k in ref:
+        np.testing.assert_allclose(got[k], ref[k], rtol=1e-6, atol=0, err_msg=k)
+
+
+def test_checkpoint_from_4_devices_continues_on_2(tmp_path):
+    _, full = run_cell(tmp_path, *STEPS, "run.name=full", "devices=4")
+    run_cell(tmp_path, *STEPS, "run.name=four", "devices=4", "train.stop_after=6")
+    _, two = run_cell(tmp_path, *STEPS, "run.name=two", "devices=2",
+                      f"checkpoint.load_from={tmp_path}/ckpt/four/jax-d4")
+    assert summary(two)["resumed_from_step"] == 6
+    a, b = losses(full, since=6), losses(two, since=6)
+    assert sorted(a) == sorted(b) == list(range(7, 13))
+    np.testing.assert_allclose([b[k] for k in sorted(b)], [a[k] for k in sorted(a)], rtol=1e-4)
+
+
+def test_two_processes_match_one_process(tmp_path):
+    _, one = run_cell(tmp_path, *STEPS, "run.name=one", "devices=4")
+    _, two = run_cell(tmp_path, *STEPS, "run.name=two", "devices=4", "local.processes=2")
+    assert summary(two)["processes"] == 2
+    np.testing.assert_allclose(curve(two), curve(one), rtol=1e-4)
+
+
+def test_scan_and_unrolled_agree(tmp_path):
+    _, scan = run_cell(tmp_path, *STEPS, "run.name=scan", "model.n_layers=4")
+    _, unrolled = run_cell(tmp_path, *STEPS, "run.name=unrolled", "model.n_layers=4", "model.scan_layers=false")
+    np.testing.assert_allclose(curve(unrolled), curve(scan), rtol=1e-4)
+
+
+def test_remat_and_bf16_run(tmp_path):
+    _, full = run_cell(tmp_path, *STEPS, "run.name=ref")
+    _, remat = run_cell(tmp_path, *STEPS, "run.name=remat", "model.remat=dots")
+    np.testing.assert_allclose(curve(remat), curve(full), rtol=1e-4)
+    _, bf16 = run_cell(tmp_path, *STEPS, "run.name=bf16", "model.dtype=bf16")
+    np.testing.assert_allclose(curve(bf16), curve(full), rtol=5e-2)
+
+
+def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path):
+    p, recs = run_cell(tmp_path, *STEPS, "checkpoint.every=2", env={"SCALEOUT_FAULT": "nan@5"}, check=False)
+    assert p.returncode != 0
+    assert "loss is nan at step 5" in p.stderr + p.stdout
+    s = summary(recs)
+    assert s["status"] == "failed" and "step 5" in s["error"]
+    ckpt = tmp_path / "ckpt" / "tiny" / "jax-d1"
+    assert sorted(int(d.name) for d in ckpt.iterdir() if d.name.isdigit()) == [2, 4]
+
+
+def test_failing_process_surfaces_error(tmp_path):
+    p, _ = run_cell(tmp_path, *STEPS, "devices=2", "local.processes=2", env={"SCALEOUT_FAULT": "crash@3:p1"}, check=False)
+    assert p.returncode != 0
+    assert "process p1 exited with code 1" in p.stderr
+    assert "injected crash at step 3" in p.stderr
+
+
+def test_scan_keeps_compile_time_flat_in_depth(tmp_path):
+    """Compile time with scan at 8 layers is less than 1.5x that at 2 layers (best of 2 each)."""
+    import jax
+    from launch.rundir import cell_config
+    from launch import config
+    from jaxrun.train import JaxEngine
+
+    def compile_s(layers):
+        best = float("inf")
+        for i in range(2):
+            jax.clear_caches()
+            cfg = cell_config(config.load([f"model.n_layers={layers}", f"checkpoint.dir={tmp_path}/c{layers}-{i}",
+                                           "checkpoint.async=false"]), "x")
+            best = min(best, JaxEngine(cfg, tmp_path).compile())
+        return best
+
+    two, eight = compile_s(2), compile_s(8)
+    assert eight < 1.5 * two, (two, eight)
+
+
+def test_fsdp4_each_device_holds_a_quarter(tmp_path):
+    import jax
+    from launch.rundir import cell_config
+    from launch import config
+    from jaxrun.train import JaxEngine
+
+    cfg = cell_config(config.load(["devices=4", f"checkpoint.dir={tmp_path}/c", "checkpoint.async=false"]), "x")
+    engine = JaxEngine(cfg, tmp_path)
+    engine.init_state()
+    from jaxrun.mesh import path_name
+    for path, leaf in jax.tree_util.tree_flatten_with_path(engine.params)[0]:
+        name = path_name(path)
+        shards = leaf.addressable_shards
+        assert len(shards) == 4
+        if "norm" in name:
+            assert all(s.data.shape == leaf.shape for s in shards), name  # norms are replicated
+        else:
+            assert all(s.data.size * 4 == leaf.size for s in shards), name
+            assert len({str(s.index) for s in shards}) == 4, name  # four different quarters
