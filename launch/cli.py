@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import List, Optional
 
 from launch.config import ConfigError
@@ -37,6 +38,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     return runner.run_single(_config(args))
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from launch import sweep
+    return sweep.run_sweep(_config(args))
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from launch import report
+    try:
+        out = report.write(args.run_dir)
+    except report.ReportError as e:
+        raise UserError(str(e)) from None
+    print(f"wrote {out['md']}, {out['json'].name}, {out['csv'].name} and {len(out['plots'])} plots in {out['md'].parent}")
+    return 0
+
+
 def cmd_prepare_data(args: argparse.Namespace) -> int:
     from launch import data
     n = data.prepare_bytes(args.text, args.out, dtype=args.dtype)
@@ -58,6 +74,11 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plan)
     p = with_config(sub.add_parser("run", help="run one cell (framework x devices) on the target"))
     p.set_defaults(func=cmd_run)
+    p = with_config(sub.add_parser("sweep", help="run every framework x devices cell of sweep.*, then report"))
+    p.set_defaults(func=cmd_sweep)
+    p = sub.add_parser("report", help="write report.md/json/csv and plots for a run directory")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.set_defaults(func=cmd_report)
     p = sub.add_parser("prepare-data", help="byte-tokenise a text file into a token file for data.source=file")
     p.add_argument("text")
     p.add_argument("out")

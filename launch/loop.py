@@ -62,10 +62,15 @@ class Engine(Protocol):
 
 @dataclass
 class Fault:
-    """Test hook: SCALEOUT_FAULT="crash@S" | "nan@S" | "hang@S", optionally ":pN" for process N only."""
+    """Fault injection for tests of failure handling: SCALEOUT_FAULT="KIND@STEP[:pN][:cell=NAME]".
+
+    KIND is crash (raise), nan (report a non-finite loss) or hang (sleep); `:pN` limits it to
+    process N, `:cell=NAME` to one cell of a sweep.
+    """
     kind: str
     step: int
     process: Optional[int] = None
+    cell: Optional[str] = None
 
     @staticmethod
     def from_env() -> Optional["Fault"]:
@@ -73,8 +78,17 @@ class Fault:
         if not spec:
             return None
         kind, _, rest = spec.partition("@")
-        step, _, proc = rest.partition(":p")
-        return Fault(kind, int(step), int(proc) if proc else None)
+        step, *filters = rest.split(":")
+        fault = Fault(kind, int(step))
+        for f in filters:
+            if f.startswith("cell="):
+                fault.cell = f[5:]
+            elif f.startswith("p"):
+                fault.process = int(f[1:])
+        return fault
+
+    def applies(self, process: int, cell: str) -> bool:
+        return self.process in (None, process) and self.cell in (None, cell)
 
 
 @dataclass
@@ -114,8 +128,9 @@ def run(engine: Engine, cfg: Config, cell_dir: Path) -> Dict[str, Any]:
     stopper = Stopper()
     stopper.install()
     fault = Fault.from_env()
-    if fault and fault.process not in (None, engine.process_index):
+    if fault and not fault.applies(engine.process_index, cell_dir.name):
         fault = None
+    print_every = max(t.log_every, t.steps // 10)
     step_times: List[float] = []
     losses: List[float] = []
     try:
@@ -153,6 +168,7 @@ def run(engine: Engine, cfg: Config, cell_dir: Path) -> Dict[str, Any]:
                 w.write("step", step=step + 1, loss=loss, grad_norm=gnorm, lr=lr, step_time_s=dt,
                         tokens_per_s=tps, tokens_per_s_per_device=tps / cfg.devices,
                         mfu=flops.mfu(tps / cfg.devices, cfg.model, peak) if peak else None)
+            if main and ((step + 1) % print_every == 0 or step + 1 in (start + 1, stop)):
                 print(f"[scaleout] step {step + 1}/{t.steps} loss {loss:.4f} grad_norm {gnorm:.3f} "
                       f"lr {lr:.2e} {dt * 1000:.1f} ms", flush=True)
             last = step + 1 == stop or stopper.requested is not None

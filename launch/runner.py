@@ -26,7 +26,8 @@ def run_cell(cell_cfg: Config, cell_dir) -> int:
             for line in _error_lines(result.tail):
                 print(f"  | {line}", file=sys.stderr)
         return result.returncode
-    raise NotImplementedError(f"target={cell_cfg.target}")
+    import importlib
+    return importlib.import_module(f"launch.targets.{cell_cfg.target}").run_cell(cell_cfg, cell_dir)
 
 
 def _error_lines(tail, n: int = 6):

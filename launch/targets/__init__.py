@@ -16,3 +16,8 @@ from launch.schema import Config
 def plan_commands(cfg: Config, cell_dir: Path) -> List[str]:
     module = importlib.import_module(f"launch.targets.{cfg.target}")
     return module.plan_commands(cfg, cell_dir)
+
+
+def submit_sweep(cfg: Config, cells, run_dir: Path) -> int:
+    module = importlib.import_module(f"launch.targets.{cfg.target}")
+    return module.submit_sweep(cfg, cells, run_dir)

@@ -1,0 +1,173 @@
+"""The sweep and the scaling report: the main job."""
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launch import config, report, sweep
+from launch.config import ConfigError
+
+from conftest import run_cli
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_weak_and_strong_batch_arithmetic(tmp_path):
+    base = [f"run.dir={tmp_path}", "sweep.devices=[2,4,8]", "train.global_batch=16"]
+    weak = {c.name: c.cfg.train.global_batch for c in sweep.expand(config.load([*base, "sweep.scaling=weak"]))}
+    assert weak == {"jax-d2": 16, "jax-d4": 32, "jax-d8": 64, "torch-d2": 16, "torch-d4": 32, "torch-d8": 64}
+    strong = {c.name: c.cfg.train.global_batch for c in sweep.expand(config.load([*base, "sweep.scaling=strong"]))}
+    assert set(strong.values()) == {16}
+    with pytest.raises(ConfigError, match=r"train\.global_batch=6 is not divisible by the smallest sweep device count 4"):
+        sweep.expand(config.load([f"run.dir={tmp_path}", "sweep.devices=[4,8]", "train.global_batch=6"]))
+    with pytest.raises(ConfigError, match=r"sweep cell jax-d8: train\.global_batch=4 is not divisible by the data-parallel size 8"):
+        sweep.expand(config.load([f"run.dir={tmp_path}", "sweep.devices=[1,8]", "train.global_batch=4", "sweep.scaling=strong"]))
+
+
+def test_extra_sweep_keys_make_more_cells(tmp_path):
+    cells = sweep.expand(config.load([f"run.dir={tmp_path}", "sweep.devices=[1]", "sweep.frameworks=[jax]",
+                                      "sweep.extra={model.remat: [none, full]}"]))
+    assert [c.name for c in cells] == ["jax-d1-remat_none", "jax-d1-remat_full"]
+    assert [c.cfg.model.remat for c in cells] == ["none", "full"]
+
+
+def _cell(run_dir, name, fw, devices, summary, losses=(), batch=8, status="ok"):
+    d = run_dir / name
+    d.mkdir(parents=True)
+    cfg = config.to_dict(config.load([f"framework={fw}", f"devices={devices}", f"train.global_batch={batch}"]))
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    recs = [{"kind": "start", "framework": fw, "devices": devices, "device_kind": "NVIDIA H100", "host_cores": 64, "host": "n1"}]
+    recs += [{"kind": "step", "step": i + 1, "loss": l} for i, l in enumerate(losses)]
+    if summary is not None:
+        recs.append({"kind": "summary", "framework": fw, "devices": devices, "processes": devices, "status": status, **summary})
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+
+
+def _s(tps, devices, ttfs, step):
+    return {"tokens_per_s": tps, "tokens_per_s_per_device": tps / devices, "time_to_first_step_s": ttfs,
+            "step_time_p50_s": step, "step_time_mean_s": step, "step_time_p90_s": step, "compile_s": ttfs / 2,
+            "mfu": 0.4, "peak_memory_bytes": 2**30, "final_loss": 2.0, "steps": 100, "error": None}
+
+
+def test_report_on_hand_made_metrics(tmp_path):
+    run = tmp_path / "run"
+    # 1 device: jax starts 30 s later but steps take 0.5 s vs 0.8 s -> catches up after 1 + 30/0.3 = 101 steps
+    _cell(run, "jax-d1", "jax", 1, _s(1000, 1, 40.0, 0.5), losses=[5.0, 4.0, 3.0])
+    _cell(run, "torch-d1", "torch", 1, _s(625, 1, 10.0, 0.8), losses=[5.0, 4.0, 3.03])
+    # 2 devices: jax starts later and is slower per step -> never
+    _cell(run, "jax-d2", "jax", 2, _s(1500, 2, 40.0, 0.9))
+    _cell(run, "torch-d2", "torch", 2, None, status="failed")
+    (run / "torch-d2" / "logs").mkdir()
+    (run / "torch-d2" / "logs" / "torchrun.log").write_text("Traceback...\nRuntimeError: NCCL timeout on rank 3\n")
+    _cell(run, "torch-d4", "torch", 4, {**_s(2000, 4, 12.0, 0.6), "error": "RuntimeError: boom\n"}, status="failed")
+    (run / "sweep.json").write_text(json.dumps({"scaling": "weak", "cells": [
+        {"name": n} for n in ["jax-d1", "jax-d2", "torch-d1", "torch-d2", "torch-d4"]]}))
+    # a second 2-device torch cell that ran: for the "never" case
+    out = report.write(run)
+    doc = json.loads(out["json"].read_text())
+    rows = {r["cell"]: r for r in doc["cells"]}
+    assert len(rows) == 5
+    assert rows["torch-d2"]["status"] == "failed" and rows["torch-d2"]["error"] == "RuntimeError: NCCL timeout on rank 3"
+    assert rows["torch-d4"]["status"] == "failed" and rows["torch-d4"]["error"] == "RuntimeError: boom"
+    d = doc["derived"]
+    assert d["efficiency"]["jax"] == {"1": 1.0, "2": 0.75}
+    assert d["jax_over_torch"] == {"1": 1.6}
+    be = d["break_even"]["1"]
+    assert be["slower_start"] == "jax" and be["steps"] == 101
+    assert be["wall_time_s"]["jax"] == pytest.approx(40 + 9999 * 0.5)
+    assert be["wall_time_s"]["torch"] == pytest.approx(10 + 9999 * 0.8)
+    assert d["loss_gap"]["1"]["max_rel_diff"] == pytest.approx(0.03 / 3.03)
+    assert doc["hardware"]["device_kinds"] == ["NVIDIA H100"] and not doc["hardware"]["simulated_devices_share_host"]
+    md = out["md"].read_text()
+    assert "**failed**: RuntimeError: NCCL timeout on rank 3" in md and "catches up after 101 steps" in md
+    with open(out["csv"]) as f:
+        assert len(list(csv.DictReader(f))) == 5
+
+
+def test_break_even_arithmetic():
+    assert report.break_even(40, 0.5, 10, 0.8) == {"slower_start": "a", "steps": 101}
+    assert report.break_even(10, 0.8, 40, 0.5) == {"slower_start": "b", "steps": 101}
+    assert report.break_even(40, 0.9, 10, 0.8)["steps"] == "never"
+    assert report.break_even(40, 0.8, 10, 0.8)["steps"] == "never"
+
+
+def test_strong_efficiency():
+    rows = [{"framework": "jax", "devices": n, "status": "ok", "tokens_per_s": t, "tokens_per_s_per_device": t / n,
+             "_loss": [], "time_to_first_step_s": 1, "step_time_p50_s": 1} for n, t in [(2, 100), (4, 180), (8, 200)]]
+    eff = report.derive(rows, "strong", 10)["efficiency"]["jax"]
+    assert eff == {2: 1.0, 4: pytest.approx(0.9), 8: pytest.approx(0.5)}
+
+
+def test_report_refuses_a_directory_without_cells(tmp_path):
+    p = run_cli(["report", str(tmp_path)], cwd=tmp_path)
+    assert p.returncode == 2 and "holds no cells" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.slow
+def test_local_sweep_end_to_end(tmp_path):
+    args = ["sweep", f"run.dir={tmp_path}/runs", f"checkpoint.dir={tmp_path}/ckpt", f"jax.cache_dir={tmp_path}/jc",
+            "sweep.devices=[1,2]", "train.steps=6", "train.global_batch=4", "run.name=e2e", "checkpoint.async=false"]
+    p = run_cli(args, cwd=tmp_path, env={"SCALEOUT_FAULT": "crash@3:cell=torch-d2"})
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    run = tmp_path / "runs" / "e2e"
+    for name in ("report.md", "report.json", "report.csv", "throughput.png", "efficiency.png", "loss.png", "startup.png"):
+        assert (run / name).is_file(), name
+    for png in run.glob("*.png"):
+        assert png.read_bytes()[:8] == PNG_MAGIC
+        import matplotlib.image
+        assert matplotlib.image.imread(png).shape[0] > 100
+    doc = json.loads((run / "report.json").read_text())
+    rows = {r["cell"]: r for r in doc["cells"]}
+    assert set(rows) == {"jax-d1", "jax-d2", "torch-d1", "torch-d2"}
+    for r in rows.values():
+        assert set(report.ROW_FIELDS) <= set(r)
+    assert rows["torch-d2"]["status"] == "failed" and "injected crash at step 3" in rows["torch-d2"]["error"]
+    for name in ("jax-d1", "jax-d2", "torch-d1"):
+        assert rows[name]["status"] == "ok" and rows[name]["tokens_per_s"] > 0 and rows[name]["steps"] == 6
+    assert rows["jax-d2"]["global_batch"] == 8  # weak scaling
+    assert set(doc["derived"]["efficiency"]) == {"jax", "torch"}
+    assert "1" in doc["derived"]["jax_over_torch"] and "1" in doc["derived"]["break_even"]
+    assert doc["derived"]["loss_gap"]["1"]["max_rel_diff"] < 1e-3
+    assert doc["hardware"]["simulated_devices_share_host"] is True
+    assert "functional dry run" in (run / "report.md").read_text()
+
+    # rerun without the fault: finished cells are skipped, the crashed one resumes and finishes
+    before = (run / "jax-d1" / "metrics.jsonl").read_text()
+    p = run_cli(args, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert p.stdout.count("finished earlier, skipped") == 3
+    assert (run / "jax-d1" / "metrics.jsonl").read_text() == before
+    rows = {r["cell"]: r for r in json.loads((run / "report.json").read_text())["cells"]}
+    assert rows["torch-d2"]["status"] == "ok"
+
+    # a third run does no training at all
+    p = run_cli(args, cwd=tmp_path)
+    assert p.returncode == 0 and p.stdout.count("finished earlier, skipped") == 4
+    assert "step " not in p.stdout
+
+
+def test_sweep_refuses_reusing_a_run_dir_with_other_math(tmp_path):
+    base = ["sweep", f"run.dir={tmp_path}/runs", "sweep.devices=[1]", "run.name=x"]
+    cfg = config.load(base[1:])
+    sweep.write(cfg, sweep.expand(cfg))
+    p = run_cli([*base, "model.n_layers=3"], cwd=tmp_path)
+    assert p.returncode == 2 and "already holds cell jax-d1 with a different config" in p.stderr
+
+
+@pytest.mark.slow
+def test_tensorboard_events_mirror_the_metrics(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from conftest import losses, run_cell
+    _, recs = run_cell(tmp_path, "train.steps=5", "metrics.tensorboard=true")
+    tb = tmp_path / "runs" / "tiny" / "jax-d1" / "tensorboard"
+    acc = EventAccumulator(str(tb))
+    acc.Reload()
+    events = {e.step: e.value for e in acc.Scalars("train/loss")}
+    want = losses(recs)
+    assert set(events) == set(want)
+    for k in want:
+        assert events[k] == pytest.approx(want[k], rel=1e-6)
