@@ -1,9 +1,10 @@
 """Entry point: `python -m jaxrun --config CELL/config.yaml`.
 
 Joins the distributed runtime when there is more than one process: explicit coordinator
-settings from the local/TPU-emulation launcher (SCALEOUT_COORDINATOR, SCALEOUT_NUM_PROCESSES,
-SCALEOUT_PROCESS_ID), or `jax.distributed.initialize()`'s own detection under SLURM or on a
-TPU slice. On CPU the collectives go over gloo.
+settings from the local launcher or the TPU emulation (SCALEOUT_COORDINATOR,
+SCALEOUT_NUM_PROCESSES, SCALEOUT_PROCESS_ID), or `jax.distributed.initialize()`'s own detection
+when the SLURM or TPU target says so (SCALEOUT_DISTRIBUTED=slurm|tpu). On CPU the collectives go
+over gloo.
 """
 
 from launch.loop import PROCESS_START  # noqa: F401  (first: time to first step counts from here)
@@ -23,16 +24,21 @@ def setup_distributed() -> None:
         jax.distributed.initialize(coordinator_address=os.environ["SCALEOUT_COORDINATOR"],
                                    num_processes=int(os.environ["SCALEOUT_NUM_PROCESSES"]),
                                    process_id=int(os.environ["SCALEOUT_PROCESS_ID"]))
-    elif int(os.environ.get("SLURM_NTASKS", "1")) > 1 or os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") > 0:
-        jax.distributed.initialize(**slurm_local_device_ids())
+    elif os.environ.get("SCALEOUT_DISTRIBUTED") == "slurm" and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+        jax.distributed.initialize(**slurm_local_device_ids())  # SLURM auto-detection
+    elif os.environ.get("SCALEOUT_DISTRIBUTED") == "tpu":
+        jax.distributed.initialize()  # Cloud TPU auto-detection (worker 0 is the coordinator)
 
 
 def slurm_local_device_ids() -> dict:
-    """Under SLURM with several GPUs per task, give this task the GPUs it owns."""
-    gpus = os.environ.get("SLURM_STEP_GPUS") or os.environ.get("SLURM_JOB_GPUS")
-    per_task = os.environ.get("SLURM_GPUS_PER_TASK")
-    if gpus and per_task and int(per_task) > 1:
-        return {"local_device_ids": list(range(int(per_task)))}
+    """Under SLURM, one task per device: a task that sees several GPUs uses the one of its local id.
+
+    (When SLURM binds each task to its own GPU, the task sees one device and JAX needs no hint.)
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") or os.environ.get("SLURM_STEP_GPUS") or ""
+    local_id = os.environ.get("SLURM_LOCALID")
+    if local_id is not None and len([g for g in visible.split(",") if g]) > 1:
+        return {"local_device_ids": [int(local_id)]}
     return {}
 
 

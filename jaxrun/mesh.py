@@ -17,11 +17,17 @@ from launch.schema import Config
 def make_mesh(cfg: Config) -> Mesh:
     """Mesh ("data", "fsdp", "tensor") over the first `devices` devices, in process order."""
     shape = config_mod.mesh_shape(cfg)
-    devices = jax.devices()
-    if len(devices) < cfg.devices:
-        raise RuntimeError(f"devices={cfg.devices} but JAX sees {len(devices)} device(s) ({devices[0].platform}); "
-                           "on CPU set XLA_FLAGS=--xla_force_host_platform_device_count (the local target does)")
-    grid = np.array(devices[: cfg.devices]).reshape([shape[a] for a in sharding.MESH_AXES])
+    procs = jax.process_count()
+    per_proc = cfg.devices // procs
+    chosen = []
+    for p in range(procs):  # every process contributes the same number of its devices, in process order
+        mine = [d for d in jax.devices() if d.process_index == p][:per_proc]
+        if len(mine) < per_proc or cfg.devices % procs:
+            raise RuntimeError(f"devices={cfg.devices} over {procs} process(es) needs {cfg.devices / procs:g} device(s) per process, "
+                               f"but process {p} has {len(mine)} ({jax.devices()[0].platform}); on CPU set "
+                               "XLA_FLAGS=--xla_force_host_platform_device_count (the local target does)")
+        chosen += mine
+    grid = np.array(chosen).reshape([shape[a] for a in sharding.MESH_AXES])
     return Mesh(grid, sharding.MESH_AXES, axis_types=(AxisType.Auto,) * len(sharding.MESH_AXES))
 
 

@@ -66,6 +66,7 @@ class JaxEngine:
         self.data = Batches(cfg.data, m.vocab_size, m.seq_len)
         self.params = self.opt_state = None
         self.compiled = None
+        self._any_fn = None
         self.ckpt = checkpoint.Checkpointer(cfg, self.abstract_state())
         self._step_fn = jax.jit(self._train_step, in_shardings=(self.param_sh, self.opt_sh, self.batch_sh, self.batch_sh, None),
                                 out_shardings=(self.param_sh, self.opt_sh, rep, rep), donate_argnums=(0, 1))
@@ -176,6 +177,14 @@ class JaxEngine:
         import orbax.checkpoint as ocp
         return {"jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
                 "orbax": getattr(ocp, "__version__", "?"), "python": platform.python_version()}
+
+    def any_process(self, flag: bool) -> bool:
+        """One tiny collective over the training mesh: the max of every process's flag."""
+        if self._any_fn is None:
+            self._flag_sh = NamedSharding(self.mesh, jax.sharding.PartitionSpec(self.mesh.axis_names))
+            self._any_fn = jax.jit(jnp.max, out_shardings=mesh_mod.replicated(self.mesh))
+        local = np.full((len(self.mesh.local_devices),), int(flag), np.int32)
+        return bool(_scalar(self._any_fn(jax.make_array_from_process_local_data(self._flag_sh, local))))
 
     def peak_flops_per_device(self) -> float:
         from launch.flops import datasheet_peak

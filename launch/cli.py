@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from launch.config import ConfigError
+from launch.targets.errors import SubmitError
 
 EXIT_USAGE = 2
 
@@ -53,6 +54,50 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_dir(args: argparse.Namespace) -> Path:
+    if not (args.run_dir / "config.yaml").is_file() and not any(args.run_dir.glob("*/config.yaml")):
+        raise UserError(f"RUN_DIR={str(args.run_dir)!r} holds no cells (no <cell>/config.yaml); give a directory written by `scaleout run` or `scaleout sweep`.")
+    return args.run_dir
+
+
+def _cell(args: argparse.Namespace, run_dir: Path) -> Optional[str]:
+    from launch import jobs
+    if args.cell is None:
+        return None
+    names = jobs.cell_names(run_dir)
+    if args.cell not in names:
+        raise UserError(f"CELL={args.cell!r} is not a cell of {run_dir}; cells: {', '.join(names)}.")
+    return args.cell
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from launch import jobs
+    states = jobs.cell_states(_run_dir(args))
+    for s in states:
+        print(jobs.format_state(s))
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from launch import jobs
+    run_dir = _run_dir(args)
+    cell = _cell(args, run_dir)
+    names = [cell] if cell else jobs.cell_names(run_dir)
+    if args.follow and len(names) != 1:
+        raise UserError("--follow needs one CELL; cells: " + ", ".join(names) + ".")
+    for name in names:
+        jobs.print_logs(run_dir, name, follow=args.follow)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from launch import jobs
+    run_dir = _run_dir(args)
+    ids = jobs.cancel(run_dir, _cell(args, run_dir))
+    print(f"cancelled {', '.join(ids)}" if ids else "no SLURM jobs recorded for that run directory or cell")
+    return 0
+
+
 def cmd_prepare_data(args: argparse.Namespace) -> int:
     from launch import data
     n = data.prepare_bytes(args.text, args.out, dtype=args.dtype)
@@ -79,6 +124,18 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="write report.md/json/csv and plots for a run directory")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     p.set_defaults(func=cmd_report)
+    p = sub.add_parser("status", help="one line per cell: job id, state, step reached, last loss")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.set_defaults(func=cmd_status)
+    p = sub.add_parser("logs", help="a cell's stdout/stderr (all tasks, across requeues)")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("cell", nargs="?", metavar="CELL")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    p.set_defaults(func=cmd_logs)
+    p = sub.add_parser("cancel", help="scancel a run's SLURM jobs (or one cell's)")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("cell", nargs="?", metavar="CELL")
+    p.set_defaults(func=cmd_cancel)
     p = sub.add_parser("prepare-data", help="byte-tokenise a text file into a token file for data.source=file")
     p.add_argument("text")
     p.add_argument("out")
@@ -97,7 +154,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.overrides = list(args.overrides) + extra
     try:
         return args.func(args)
-    except (ConfigError, UserError) as e:
+    except (ConfigError, UserError, SubmitError) as e:
         print(f"scaleout: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -54,6 +54,7 @@ class Engine(Protocol):
     def train_step(self, step: int, lr: float) -> tuple: ...  # (loss, grad_norm) as Python floats
     def save(self, step: int) -> None: ...  # start saving the state after `step` steps
     def finish(self) -> None: ...  # wait for in-flight saves
+    def any_process(self, flag: bool) -> bool: ...  # True if any process passes True (a collective)
     def peak_flops_per_device(self) -> float: ...
     def bytes_per_device(self) -> Dict[str, int]: ...
     def peak_memory_bytes(self) -> int: ...
@@ -171,13 +172,16 @@ def run(engine: Engine, cfg: Config, cell_dir: Path) -> Dict[str, Any]:
             if main and ((step + 1) % print_every == 0 or step + 1 in (start + 1, stop)):
                 print(f"[scaleout] step {step + 1}/{t.steps} loss {loss:.4f} grad_norm {gnorm:.3f} "
                       f"lr {lr:.2e} {dt * 1000:.1f} ms", flush=True)
-            last = step + 1 == stop or stopper.requested is not None
+            stop_now = stopper.requested is not None
+            if engine.process_count > 1:  # a signal reaches processes at different steps: stop together
+                stop_now = engine.any_process(stop_now)
+            last = step + 1 == stop or stop_now
             if last or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0):
                 c0 = time.perf_counter()
                 engine.save(step + 1)
                 w.write("checkpoint", step=step + 1, seconds=time.perf_counter() - c0)
-            if stopper.requested is not None:
-                summary["stopped_by"] = stopper.requested
+            if stop_now:
+                summary["stopped_by"] = stopper.requested or "peer"
                 break
         if not compile_s and getattr(engine, "lazy_compile_s", 0):
             compile_s = engine.lazy_compile_s  # torch.compile: traced and compiled inside the first step

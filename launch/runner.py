@@ -9,6 +9,8 @@ from launch.schema import Config
 
 
 def run_single(cfg: Config) -> int:
+    from launch import targets
+    targets.preflight(cfg)
     name = rundir.cell_name(cfg.framework, cfg.devices)
     cell_dir = rundir.write_cell(cfg, name)
     print(f"[scaleout] cell {name}: {cell_dir}", flush=True)

@@ -115,7 +115,8 @@ class SlurmConfig:
     setup: List[str] = field(default_factory=list)  # shell lines run before the tasks start
     additional: Dict[str, Any] = field(default_factory=dict)  # extra sbatch parameters
     max_requeues: int = 3  # preemptions/timeouts tolerated before the cell stops
-    python: str = "python"  # interpreter on the compute nodes
+    python: Optional[str] = None  # interpreter on the compute nodes; null = this one (shared filesystem)
+    wait: bool = False  # block until the jobs finish, then write the report
 
 
 @dataclass

@@ -96,7 +96,10 @@ def write(cfg: Config, cells: List[Cell]) -> Path:
 
 
 def run_sweep(cfg: Config) -> int:
+    from launch import targets
     cells = expand(cfg)
+    for c in cells:
+        targets.preflight(c.cfg)
     check_existing(cells)
     run_dir = write(cfg, cells)
     print(f"[scaleout] sweep of {len(cells)} cells ({cfg.sweep.scaling} scaling, target={cfg.target}) in {run_dir}", flush=True)

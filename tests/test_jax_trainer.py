@@ -137,23 +137,27 @@ def test_failing_process_surfaces_error(tmp_path):
 
 
 def test_scan_keeps_compile_time_flat_in_depth(tmp_path):
-    """Compile time with scan at 8 layers is less than 1.5x that at 2 layers (best of 2 each)."""
+    """Compile time with scan at 8 layers is less than 1.5x that at 2 layers.
+
+    Measured as this process's CPU time (other processes on a shared machine do not inflate it),
+    best of 3, the two depths interleaved."""
+    import time
     import jax
     from launch.rundir import cell_config
     from launch import config
     from jaxrun.train import JaxEngine
 
-    def compile_s(layers):
-        best = float("inf")
-        for i in range(2):
+    best = {2: float("inf"), 8: float("inf")}
+    for i in range(3):
+        for layers in (2, 8):
             jax.clear_caches()
             cfg = cell_config(config.load([f"model.n_layers={layers}", f"checkpoint.dir={tmp_path}/c{layers}-{i}",
-                                           "checkpoint.async=false"]), "x")
-            best = min(best, JaxEngine(cfg, tmp_path).compile())
-        return best
-
-    two, eight = compile_s(2), compile_s(8)
-    assert eight < 1.5 * two, (two, eight)
+                                           "checkpoint.async=false", "jax.compilation_cache=false"]), "x")
+            engine = JaxEngine(cfg, tmp_path)
+            t0 = time.process_time()
+            engine.compile()
+            best[layers] = min(best[layers], time.process_time() - t0)
+    assert best[8] < 1.5 * best[2], best
 
 
 def test_fsdp4_each_device_holds_a_quarter(tmp_path):

@@ -46,7 +46,8 @@ class TorchEngine:
         self.process_index, self.process_count = self.rank, self.world
         if torch.cuda.is_available():
             local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-            self.device = torch.device("cuda", local_rank)
+            # a SLURM task bound to its own GPU sees only that one, as cuda:0
+            self.device = torch.device("cuda", local_rank if torch.cuda.device_count() > 1 else 0)
             torch.cuda.set_device(self.device)
             self.device_kind = torch.cuda.get_device_name(self.device)
         else:
@@ -140,6 +141,11 @@ class TorchEngine:
 
     def versions(self) -> Dict[str, str]:
         return {"torch": torch.__version__, "python": platform.python_version()}
+
+    def any_process(self, flag: bool) -> bool:
+        t = torch.tensor([int(flag)], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
 
     def peak_flops_per_device(self) -> float:
         from launch.flops import datasheet_peak

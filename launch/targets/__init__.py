@@ -18,6 +18,13 @@ def plan_commands(cfg: Config, cell_dir: Path) -> List[str]:
     return module.plan_commands(cfg, cell_dir)
 
 
+def preflight(cfg: Config) -> None:
+    """Target checks that must pass before anything is written (ConfigError / SubmitError)."""
+    module = importlib.import_module(f"launch.targets.{cfg.target}")
+    if hasattr(module, "preflight"):
+        module.preflight(cfg)
+
+
 def submit_sweep(cfg: Config, cells, run_dir: Path) -> int:
     module = importlib.import_module(f"launch.targets.{cfg.target}")
     return module.submit_sweep(cfg, cells, run_dir)

@@ -1,0 +1,167 @@
+"""The SLURM target against a real one-node cluster (scripts/slurm-local.sh start; .ci/run starts it)."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from launch import config
+from launch.config import ConfigError
+from launch.targets import slurm
+
+from conftest import ROOT, losses, run_cli, run_cell, summary
+
+CLUSTER = ["target=slurm", "slurm.gpus_per_node=0", "slurm.cpus_per_task=1", "slurm.time_min=10", "slurm.devices_per_node=2"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if shutil.which("sbatch") is None or subprocess.run(["sinfo", "-h"], capture_output=True).returncode != 0:
+        msg = "no SLURM cluster here (sbatch/sinfo missing or not answering): run `bash scripts/slurm-local.sh start`"
+        if os.environ.get("CI") == "true":
+            pytest.fail(msg + " (CI must run these tests; .ci/run starts the cluster)")
+        pytest.skip(msg)
+    return True
+
+
+def _args(tmp_path, *extra):
+    return [f"run.dir={tmp_path}/runs", f"checkpoint.dir={tmp_path}/ckpt", f"jax.cache_dir={tmp_path}/jc", *CLUSTER, *extra]
+
+
+def _status(tmp_path, run):
+    p = run_cli(["status", str(tmp_path / "runs" / run)], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    return {line.split()[0]: line for line in p.stdout.splitlines() if not line.startswith(" ")}, p.stdout
+
+
+# --------------------------------------------------------------------------- no cluster needed
+
+@pytest.mark.parametrize("value", ["debug;rm -rf /", "$(touch /tmp/x)", "de'bug", 'de"bug', "debug\nrm -rf /", "a b"])
+def test_names_that_could_inject_are_refused(tmp_path, value):
+    for key in ("slurm.partition", "slurm.account", "slurm.qos", "slurm.constraint"):
+        with pytest.raises(ConfigError, match=re.escape(key) + r"=.* is not valid: SLURM names"):
+            slurm.executor_params(config.replace(config.load(["target=slurm"]), {key: value}))
+
+
+def test_setup_lines_are_one_quoted_command_each(tmp_path):
+    cfg = config.replace(config.load(["target=slurm"]), {"slurm.setup": [
+        "source /opt/venv/bin/activate", "echo $(whoami); touch /tmp/pwned", "echo 'a' \"b\"", "echo one\nrm -rf /"]})
+    script = slurm.render_script(cfg, tmp_path / "%j")
+    setup = script.split("# setup\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert setup == ["source /opt/venv/bin/activate", "echo '$(whoami);' touch /tmp/pwned", "echo a b", "echo one rm -rf /"]
+    with pytest.raises(ConfigError, match=r"slurm\.setup\[0\]=.* is not valid"):
+        slurm.setup_lines(config.replace(cfg, {"slurm.setup": ["echo 'unterminated"]}))
+
+
+def test_plan_prints_the_sbatch_script_submitit_renders(tmp_path, scaleout):
+    code, out, err = scaleout("plan", "--json", "target=slurm", "devices=16", "train.global_batch=32",
+                                 "slurm.partition=gpu", "slurm.account=proj")
+    assert code == 0, err
+    script = json.loads(out)["commands"][0]
+    assert script.startswith("#!/bin/bash")
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8", "#SBATCH --partition=gpu",
+                 "#SBATCH --account=proj", "#SBATCH --signal=USR2@90", "#SBATCH --time=60", "#SBATCH --open-mode=append"):
+        assert line in script
+    assert "-m submitit.core._submit" in script and "srun --unbuffered" in script
+
+
+def test_devices_must_fill_whole_nodes(scaleout):
+    code, _, err = scaleout("plan", "target=slurm", "devices=12", "train.global_batch=24", "slurm.devices_per_node=8")
+    assert code == 2 and "devices=12 does not fill whole nodes of slurm.devices_per_node=8" in err
+
+
+def test_no_sbatch_on_path(tmp_path):
+    env = {"PATH": os.path.dirname(sys.executable)}
+    p = run_cli(["run", *_args(tmp_path)], cwd=tmp_path, env=env)
+    assert p.returncode == 2 and "sbatch is not on PATH" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+# --------------------------------------------------------------------------- the real cluster
+
+@pytest.mark.slow
+def test_sweep_of_four_cells_as_job_arrays(cluster, tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    setup = f'slurm.setup=["touch {marks}/setup-ran", "echo $(touch {marks}/pwned1); touch {marks}/pwned2"]'
+    p = run_cli(["sweep", *_args(tmp_path, "sweep.devices=[1,2]", "train.steps=8", "run.name=arr", "slurm.wait=true",
+                                 "checkpoint.async=false", setup)], cwd=tmp_path, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    run = tmp_path / "runs" / "arr"
+    jobs = json.loads((run / "jobs.json").read_text())["cells"]
+    assert set(jobs) == {"jax-d1", "jax-d2", "torch-d1", "torch-d2"}
+    arrays = {}
+    for name, j in jobs.items():
+        array_id, _, index = j["job_id"].partition("_")
+        assert index.isdigit(), j  # every cell is a task of a job array
+        arrays.setdefault(array_id, set()).add(name)
+    assert sorted(map(sorted, arrays.values())) == [["jax-d1", "torch-d1"], ["jax-d2", "torch-d2"]]  # one array per shape
+    for name in jobs:
+        recs = [json.loads(l) for l in (run / name / "metrics.jsonl").read_text().splitlines()]
+        s = summary(recs)
+        assert s["status"] == "ok" and s["steps"] == 8, (name, s)
+        assert s["processes"] == (2 if name.endswith("d2") else 1), (name, s)
+    states, _ = _status(tmp_path, "arr")
+    assert all(" ok " in line and "step 8/8" in line for line in states.values()), states
+    assert (marks / "setup-ran").exists()
+    assert not (marks / "pwned1").exists() and not (marks / "pwned2").exists()
+    assert (run / "report.md").is_file()
+    p = run_cli(["logs", str(run), "torch-d2"], cwd=tmp_path)
+    assert p.returncode == 0 and "_1_log.out" in p.stdout and "[scaleout] ok: 8 steps" in p.stdout
+
+
+@pytest.mark.slow
+def test_crashing_cell_is_reported_failed_and_others_finish(cluster, tmp_path):
+    p = run_cli(["sweep", *_args(tmp_path, "sweep.devices=[1]", "train.steps=6", "run.name=crash", "slurm.wait=true")],
+                cwd=tmp_path, env={"SCALEOUT_FAULT": "crash@3:cell=torch-d1"}, timeout=600)
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    states, text = _status(tmp_path, "crash")
+    assert " ok " in states["jax-d1"] and "step 6/6" in states["jax-d1"]
+    assert " failed " in states["torch-d1"] and "FAILED" in states["torch-d1"]
+    assert "injected crash at step 3" in text.split("torch-d1", 1)[1]
+
+
+@pytest.mark.slow
+def test_preemption_checkpoints_requeues_and_resumes(cluster, tmp_path):
+    common = ["devices=2", "train.steps=60", "checkpoint.every=0", "checkpoint.async=false"]
+    _, ref = run_cell(tmp_path, *common, "run.name=ref", "target=local")
+    p = run_cli(["run", *_args(tmp_path, *common, "run.name=pre")], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    run = tmp_path / "runs" / "pre"
+    job_id = json.loads((run / "jobs.json").read_text())["cells"]["jax-d2"]["job_id"]
+    metrics = run / "jax-d2" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and (not metrics.is_file() or metrics.read_text().count('"kind": "step"') < 5):
+        time.sleep(0.3)
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+    deadline = time.time() + 600
+    while time.time() < deadline and slurm.squeue_states([job_id]):
+        time.sleep(2)
+    recs = [json.loads(l) for l in metrics.read_text().splitlines()]
+    sums = [r for r in recs if r["kind"] == "summary"]
+    assert len(sums) == 2, sums
+    assert sums[0]["status"] == "stopped" and sums[0]["stopped_by"] in ("SIGUSR2", "peer")
+    saved = sums[0]["steps"]
+    assert 0 < saved < 60
+    assert sums[1]["status"] == "ok" and sums[1]["resumed_from_step"] == saved and sums[1]["steps"] == 60
+    assert min(losses(recs, since=saved)) and min(s for s in losses(recs, since=saved)) == saved + 1
+    np.testing.assert_allclose(sums[1]["final_loss"], summary(ref)["final_loss"], rtol=1e-5)
+    states, _ = _status(tmp_path, "pre")
+    assert "requeued 1x" in states["jax-d2"] and " ok " in states["jax-d2"]
+
+
+@pytest.mark.slow
+def test_sbatch_refusals_are_one_sentence(cluster, tmp_path):
+    p = run_cli(["run", *_args(tmp_path, "slurm.partition=nosuchpartition", "run.name=b1")], cwd=tmp_path)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert p.stderr.strip() == "scaleout: error: sbatch refused the job for cell(s) jax-d1: sbatch: error: invalid partition specified: nosuchpartition"
+    p = run_cli(["run", *_args(tmp_path, "slurm.gpus_per_node=4", "run.name=b2")], cwd=tmp_path)  # the node has no GPUs
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert p.stderr.startswith("scaleout: error: sbatch refused the job") and p.stderr.count("\n") == 1
+    assert not (tmp_path / "runs" / "b1" / "jobs.json").exists() and not (tmp_path / "runs" / "b2" / "jobs.json").exists()
