@@ -134,6 +134,7 @@ class TpuConfig:
     timeout_s: float = 3600.0  # give up waiting for ACTIVE after this long
     setup: List[str] = field(default_factory=lambda: ["pip install -q -e '.[jax]' 'jax[tpu]'"])  # per worker, once
     gcloud: str = "gcloud"  # the gcloud executable
+    python: str = "python3"  # interpreter on the TPU workers
 
 
 @dataclass

@@ -11,19 +11,15 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import socket
-import subprocess
 import sys
-import threading
-import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Deque, Dict, List, Optional
+from typing import Dict, List, Optional
 
 from launch.rundir import CONFIG_NAME
 from launch.schema import Config
+from launch.targets import procs
 
 
 @dataclass
@@ -92,74 +88,9 @@ def plan_commands(cfg: Config, cell_dir: Path) -> List[str]:
     return [str(p) for p in build(cfg, cell_dir, port=29500 if cfg.local.processes > 1 else None).processes]
 
 
-def _pump(proc: subprocess.Popen, prefix: str, log_path: Path, tail: Deque[str], echo: bool) -> None:
-    with open(log_path, "a", buffering=1) as log:
-        for raw in iter(proc.stdout.readline, b""):
-            line = raw.decode(errors="replace").rstrip("\n")
-            tail.append(line)
-            log.write(line + "\n")
-            if echo:
-                print(prefix + line, flush=True)
-
-
 def launch(request: LocalRequest, echo: bool = True) -> LocalResult:
     """Run the processes, stream their output (also to <cell>/logs/), stop all when one fails."""
-    logs = request.cell_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    running = []
     multi = len(request.processes) > 1
-    for spec in request.processes:
-        proc = subprocess.Popen(spec.argv, env={**os.environ, **spec.env}, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        tail: Deque[str] = deque(maxlen=40)
-        prefix = f"[{spec.name}] " if multi else ""
-        t = threading.Thread(target=_pump, args=(proc, prefix, logs / f"{spec.name}.log", tail, echo), daemon=True)
-        t.start()
-        running.append((spec, proc, t, tail))
-    ended: Dict[int, float] = {}
-
-    def waiter(proc: subprocess.Popen) -> None:
-        proc.wait()
-        ended[proc.pid] = time.monotonic()
-
-    for _, proc, _, _ in running:
-        threading.Thread(target=waiter, args=(proc,), daemon=True).start()
-    result = LocalResult(0)
-    try:
-        while True:
-            codes = [p.poll() for _, p, _, _ in running]
-            failed = [(s, p, t, tl) for (s, p, t, tl), c in zip(running, codes) if c not in (None, 0)]
-            if failed:
-                # a peer's failure makes the others fail too (closed connections, aborted runtime):
-                # name the process that ended first, preferring an error of its own over a signal
-                time.sleep(0.5)
-                failed = [(s, p, t, tl) for (s, p, t, tl) in running if p.poll() not in (None, 0)]
-                failed.sort(key=lambda x: (x[1].returncode < 0, ended.get(x[1].pid, float("inf"))))
-                spec, proc, t, tail = failed[0]
-                t.join(timeout=5)
-                result = LocalResult(proc.returncode, spec.name, list(tail))
-                break
-            if all(c == 0 for c in codes):
-                break
-            time.sleep(0.1)
-    except KeyboardInterrupt:
-        result = LocalResult(130, "interrupted")
-    finally:
-        for _, proc, _, _ in running:
-            if proc.poll() is None:
-                _stop(proc)
-        for _, _, t, _ in running:
-            t.join(timeout=5)
-    return result
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+    specs = [procs.Spec(p.name, p.argv, p.env, f"[{p.name}] " if multi else "") for p in request.processes]
+    r = procs.run_group(specs, request.cell_dir / "logs", echo=echo)
+    return LocalResult(r.returncode, r.failed, r.tail)
