@@ -12,7 +12,6 @@ from launch.loop import PROCESS_START  # noqa: F401  (first: time to first step 
 import argparse
 import os
 import sys
-import traceback
 from pathlib import Path
 
 
@@ -66,33 +65,12 @@ def main(argv=None) -> int:
         from jaxrun.train import JaxEngine
         engine = JaxEngine(cfg, cell_dir)
     except Exception as e:
-        _record_early_failure(cfg, cell_dir, e)
+        loop.record_early_failure("jax", cfg, cell_dir, e, int(os.environ.get("SCALEOUT_PROCESS_ID", os.environ.get("SLURM_PROCID", "0"))) == 0)
         raise
     loop.run(engine, cfg, cell_dir)
     return 0
 
 
-def _record_early_failure(cfg, cell_dir, e) -> None:
-    """A failure before the loop starts still leaves a failed summary for status/report."""
-    from launch import metrics
-    from launch.rundir import METRICS_NAME
-    if int(os.environ.get("SCALEOUT_PROCESS_ID", os.environ.get("SLURM_PROCID", "0"))) == 0:
-        w = metrics.MetricsWriter(cell_dir / METRICS_NAME)
-        w.write("summary", framework="jax", devices=cfg.devices, status="failed", error=f"{type(e).__name__}: {e}",
-                steps=0, traceback=traceback.format_exc(limit=8))
-        w.close()
-
-
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except SystemExit:
-        raise
-    except BaseException as e:
-        traceback.print_exc()
-        print(f"[scaleout] error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # exit now: atexit hooks (jax.distributed.shutdown, process-group teardown) would wait for
-        # peers that are blocked in a collective with us, and the launcher must see the failure
-        os._exit(1)
+    from launch.loop import exit_on_error
+    exit_on_error(main, f"process {os.environ.get('SCALEOUT_PROCESS_ID', os.environ.get('SLURM_PROCID', '0'))}")

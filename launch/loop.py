@@ -133,6 +133,7 @@ def run(engine: Engine, cfg: Config, cell_dir: Path) -> Dict[str, Any]:
         fault = None
     print_every = max(t.log_every, t.steps // 10)
     step_times: List[float] = []
+    step_starts: List[float] = []
     losses: List[float] = []
     try:
         peak = engine.peak_flops_per_device()
@@ -153,6 +154,7 @@ def run(engine: Engine, cfg: Config, cell_dir: Path) -> Dict[str, Any]:
                 _inject(fault)
             lr = lr_at(step, t)
             t0 = time.perf_counter()
+            step_starts.append(t0)
             loss, gnorm = engine.train_step(step, lr)
             dt = time.perf_counter() - t0
             if fault and fault.kind == "nan" and fault.step == step + 1:
@@ -190,6 +192,9 @@ def run(engine: Engine, cfg: Config, cell_dir: Path) -> Dict[str, Any]:
         engine.finish()
         if step_times:
             w.write("checkpoint_wait", seconds=time.perf_counter() - c0)
+        n_steady = len(metrics.steady(step_times, t.warmup_exclude))
+        if n_steady:  # wall clock of the steady steps, checkpoint saves and the final wait included
+            summary["loop_tokens_per_s"] = tokens_per_step * n_steady / (time.perf_counter() - step_starts[-n_steady])
         summary["status"] = "ok" if summary["steps"] >= t.steps else "stopped"
         summary["ttfs"] = ttfs
         _fill_timing(summary, step_times, losses, compile_s, ttfs, t, tokens_per_step, cfg, peak, engine)
@@ -245,3 +250,32 @@ def _inject(fault: Fault) -> None:
         raise RuntimeError(f"injected crash at step {fault.step} (SCALEOUT_FAULT)")
     if fault.kind == "hang":
         time.sleep(3600)
+
+
+def record_early_failure(framework: str, cfg: Config, cell_dir: Path, error: BaseException, is_main: bool) -> None:
+    """A failure before the loop starts (init, distributed setup) still leaves a failed summary."""
+    if is_main:
+        w = metrics.MetricsWriter(cell_dir / METRICS_NAME)
+        w.write("summary", framework=framework, devices=cfg.devices, status="failed",
+                error=f"{type(error).__name__}: {error}", steps=0, traceback=traceback.format_exc(limit=8))
+        w.close()
+
+
+def exit_on_error(main_fn, where: str) -> None:
+    """Run a trainer's main; on an error print it and exit 1 at once.
+
+    Exiting at once matters: atexit hooks (jax.distributed.shutdown, process-group teardown) would
+    wait for peers blocked in a collective with us, and the launcher must see the failure.
+    """
+    import sys
+    try:
+        code = main_fn()
+    except SystemExit:
+        raise
+    except BaseException as e:
+        traceback.print_exc()
+        print(f"[scaleout] error ({where}): {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.exit(code)

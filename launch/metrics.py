@@ -8,7 +8,8 @@
   summary  framework, devices, processes, status, error, steps, final_loss, compile_s,
            time_to_first_step_s, step_time_p50_s, step_time_p90_s, tokens_per_s,
            tokens_per_s_per_device, mfu, flops_per_token, peak_flops_per_device, params,
-           bytes_per_device, peak_memory_bytes, resumed_from_step
+           bytes_per_device, peak_memory_bytes, resumed_from_step, loop_tokens_per_s
+           (tokens/s over the wall clock of the steady steps, checkpoint saves included)
 A resumed cell appends; readers take the last summary and the step records of every segment.
 """
 

@@ -39,7 +39,7 @@ def torch_forward_and_grads(m, per_layer, inputs, targets):
     logits = model(torch.from_numpy(inputs.astype(np.int64)))
     loss = cross_entropy(logits, torch.from_numpy(targets.astype(np.int64)))
     loss.backward()
-    return logits.detach().numpy(), float(loss), {k: p.grad.numpy() for k, p in model.named_parameters()}
+    return logits.detach().numpy(), float(loss.detach()), {k: p.grad.numpy() for k, p in model.named_parameters()}
 
 
 @pytest.mark.parametrize("preset", ["tiny", "small"])

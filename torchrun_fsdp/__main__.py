@@ -10,7 +10,6 @@ from launch.loop import PROCESS_START  # noqa: F401  (first: time to first step 
 import argparse
 import os
 import sys
-import traceback
 from pathlib import Path
 
 
@@ -45,7 +44,7 @@ def main(argv=None) -> int:
         from torchrun_fsdp.train import TorchEngine
         engine = TorchEngine(cfg, cell_dir)
     except Exception as e:
-        _record_early_failure(cfg, cell_dir, e)
+        loop.record_early_failure("torch", cfg, cell_dir, e, int(os.environ.get("RANK", "0")) == 0)
         raise
     try:
         loop.run(engine, cfg, cell_dir)
@@ -56,26 +55,6 @@ def main(argv=None) -> int:
     return 0
 
 
-def _record_early_failure(cfg, cell_dir, e) -> None:
-    from launch import metrics
-    from launch.rundir import METRICS_NAME
-    if int(os.environ.get("RANK", "0")) == 0:
-        w = metrics.MetricsWriter(cell_dir / METRICS_NAME)
-        w.write("summary", framework="torch", devices=cfg.devices, status="failed", error=f"{type(e).__name__}: {e}",
-                steps=0, traceback=traceback.format_exc(limit=8))
-        w.close()
-
-
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except SystemExit:
-        raise
-    except BaseException as e:
-        traceback.print_exc()
-        print(f"[scaleout] error (rank {os.environ.get('RANK', '0')}): {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # exit now: atexit hooks (jax.distributed.shutdown, process-group teardown) would wait for
-        # peers that are blocked in a collective with us, and the launcher must see the failure
-        os._exit(1)
+    from launch.loop import exit_on_error
+    exit_on_error(main, f"rank {os.environ.get('RANK', '0')}")

@@ -1,0 +1,1 @@
+"""Benchmarks of scaleout against plain reference loops: `python -m bench [--quick] [--json]`."""
