@@ -73,7 +73,7 @@ def main():
     for s in range(3, args.steps + 3):
         loss = step(*batches[s])
     dt = time.perf_counter() - t0
-    print(json.dumps({"tokens_per_s": args.steps * t.global_batch * m.seq_len / dt, "loss": float(loss)}))
+    print(json.dumps({"tokens_per_s": args.steps * t.global_batch * m.seq_len / dt, "loss": float(loss.detach())}))
 
 
 if __name__ == "__main__":

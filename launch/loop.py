@@ -199,6 +199,11 @@ def run(engine: Engine, cfg: Config, cell_dir: Path) -> Dict[str, Any]:
         summary["ttfs"] = ttfs
         _fill_timing(summary, step_times, losses, compile_s, ttfs, t, tokens_per_step, cfg, peak, engine)
     except BaseException as e:
+        if isinstance(e, NonFiniteLoss):  # every process saw the same loss: finish in-flight saves, they are good
+            try:
+                engine.finish()
+            except Exception:
+                pass
         summary["error"] = f"{type(e).__name__}: {e}"
         summary["traceback"] = traceback.format_exc(limit=8)
         _fill_timing(summary, step_times, losses, locals().get("compile_s"), locals().get("ttfs"), t, tokens_per_step,

@@ -1,6 +1,7 @@
 """How the PyTorch model is spread over devices: FSDP2, activation checkpointing, torch.compile.
 
-`fully_shard` wraps each block, then the root. With `parallel.data>1` and `parallel.fsdp>1` the
+`fully_shard` wraps each block, then the root (a single fp32 rank is left unwrapped: there is
+nothing to shard, and FSDP's hooks would only cost time). With `parallel.data>1` and `parallel.fsdp>1` the
 mesh is 2-D and FSDP2 does HSDP (replicate over data, shard over fsdp). bf16 compute uses
 `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`.
 """

@@ -61,7 +61,8 @@ class TorchEngine:
         self.lazy_compile_s = 0.0
         if cfg.torch.compile:
             parallel.apply_compile(model)
-        parallel.apply_fsdp(model, self.mesh, m.dtype)
+        if self.world > 1 or m.dtype == "bf16":  # one fp32 rank has nothing to shard: skip FSDP's hooks
+            parallel.apply_fsdp(model, self.mesh, m.dtype)
         model.to_empty(device=self.device)
         self.model = model
         self._init_weights()
@@ -108,7 +109,8 @@ class TorchEngine:
         t0 = time.perf_counter()
         for j in range(accum):
             sel = slice(None) if accum == 1 else torch.arange(j, self.rows_per_rank, accum, device=self.device)
-            self.model.set_requires_gradient_sync(j == accum - 1)
+            if accum > 1 and hasattr(self.model, "set_requires_gradient_sync"):  # FSDP: reduce once per step
+                self.model.set_requires_gradient_sync(j == accum - 1)
             loss = cross_entropy(self.model(inputs[sel]), targets[sel])
             (loss / accum).backward()
             loss_sum += loss.detach()
@@ -122,9 +124,10 @@ class TorchEngine:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         loss = loss_sum / accum
-        dist.all_reduce(loss, op=dist.ReduceOp.AVG if self.device.type == "cuda" else dist.ReduceOp.SUM)
-        if self.device.type != "cuda":
-            loss /= self.world  # gloo has no AVG
+        if self.world > 1:
+            dist.all_reduce(loss, op=dist.ReduceOp.AVG if self.device.type == "cuda" else dist.ReduceOp.SUM)
+            if self.device.type != "cuda":
+                loss /= self.world  # gloo has no AVG
         self.ckpt.poll()
         return float(loss), float(gnorm)
 
