@@ -178,6 +178,8 @@ def run(engine: Engine, cfg: Config, cell_dir: Path) -> Dict[str, Any]:
             if engine.process_count > 1:  # a signal reaches processes at different steps: stop together
                 stop_now = engine.any_process(stop_now)
             last = step + 1 == stop or stop_now
+            if last:
+                loop_end = time.perf_counter()  # the final save and its wait are not part of the loop's rate
             if last or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0):
                 c0 = time.perf_counter()
                 engine.save(step + 1)
@@ -193,8 +195,8 @@ def run(engine: Engine, cfg: Config, cell_dir: Path) -> Dict[str, Any]:
         if step_times:
             w.write("checkpoint_wait", seconds=time.perf_counter() - c0)
         n_steady = len(metrics.steady(step_times, t.warmup_exclude))
-        if n_steady:  # wall clock of the steady steps, checkpoint saves and the final wait included
-            summary["loop_tokens_per_s"] = tokens_per_step * n_steady / (time.perf_counter() - step_starts[-n_steady])
+        if n_steady:  # wall clock of the steady steps, with the time intermediate checkpoint saves cost
+            summary["loop_tokens_per_s"] = tokens_per_step * n_steady / (loop_end - step_starts[-n_steady])
         summary["status"] = "ok" if summary["steps"] >= t.steps else "stopped"
         summary["ttfs"] = ttfs
         _fill_timing(summary, step_times, losses, compile_s, ttfs, t, tokens_per_step, cfg, peak, engine)

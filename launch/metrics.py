@@ -9,7 +9,8 @@
            time_to_first_step_s, step_time_p50_s, step_time_p90_s, tokens_per_s,
            tokens_per_s_per_device, mfu, flops_per_token, peak_flops_per_device, params,
            bytes_per_device, peak_memory_bytes, resumed_from_step, loop_tokens_per_s
-           (tokens/s over the wall clock of the steady steps, checkpoint saves included)
+           (tokens/s over the wall clock of the steady steps, including what intermediate
+           checkpoint saves cost the loop; the final save is left out, as a long run amortises it)
 A resumed cell appends; readers take the last summary and the step records of every segment.
 """
 
