@@ -11,7 +11,6 @@ from launch.loop import PROCESS_START  # noqa: F401  (first: time to first step 
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 

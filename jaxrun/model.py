@@ -8,7 +8,7 @@ and (in, out) layouts follow `launch.params`, with per-block entries stacked on 
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable
 
 import jax
 import jax.numpy as jnp

@@ -16,12 +16,11 @@ import json
 import math
 import typing
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launch import schema
 from launch.schema import Config
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"

@@ -1,15 +1,11 @@
 """Config loading, groups, overrides, interpolation, and every refusal of bad input."""
 
-import json
 import re
-from pathlib import Path
 
 import pytest
 import yaml
 
 from launch import config
-from launch.config import ConfigError
-from launch.schema import Config
 
 from conftest import ROOT, run_cli
 

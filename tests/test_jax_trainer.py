@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import ROOT, losses, run_cell, summary
+from conftest import losses, run_cell, summary
 
 pytestmark = pytest.mark.slow
 STEPS = ["train.steps=12", "checkpoint.async=false"]

@@ -4,7 +4,6 @@ import json
 import subprocess
 import sys
 
-from conftest import ROOT
 
 CHECK = r"""
 import json, sys

@@ -15,7 +15,7 @@ from launch import config
 from launch.config import ConfigError
 from launch.targets import slurm
 
-from conftest import ROOT, losses, run_cli, run_cell, summary
+from conftest import losses, run_cli, run_cell, summary
 
 CLUSTER = ["target=slurm", "slurm.gpus_per_node=0", "slurm.cpus_per_task=1", "slurm.time_min=10", "slurm.devices_per_node=2"]
 

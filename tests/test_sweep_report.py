@@ -2,8 +2,6 @@
 
 import csv
 import json
-import math
-from pathlib import Path
 
 import pytest
 import yaml

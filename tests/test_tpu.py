@@ -116,7 +116,7 @@ def test_setup_and_names_cannot_inject(tmp_path, gcloud):
     env, calls, deleted = gcloud
     pwn = tmp_path / "pwned"
     setup = [f"echo $(touch {pwn}1); touch {pwn}2", f"echo 'a' \"b\" `touch {pwn}3`", f"echo one\ntouch {pwn}4"]
-    from launch import config, rundir
+    from launch import config
     from launch.targets import tpu
     cfg = config.replace(config.load(["target=tpu", "devices=8", "tpu.generation=v4"]), {"tpu.setup": setup})
     cmd = tpu.Commands(cfg, "v", "r", "c").unpack_and_setup()[-1]

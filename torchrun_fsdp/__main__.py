@@ -9,7 +9,6 @@ from launch.loop import PROCESS_START  # noqa: F401  (first: time to first step 
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 

@@ -8,7 +8,6 @@ mesh is 2-D and FSDP2 does HSDP (replicate over data, shard over fsdp). bf16 com
 
 from __future__ import annotations
 
-import time
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh

@@ -104,7 +104,6 @@ class TorchEngine:
         inputs = torch.from_numpy(inputs.astype(np.int64)).to(self.device)
         targets = torch.from_numpy(targets.astype(np.int64)).to(self.device)
         accum = t.grad_accum
-        micro = self.rows_per_rank // accum
         loss_sum = torch.zeros((), device=self.device)
         t0 = time.perf_counter()
         for j in range(accum):

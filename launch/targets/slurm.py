@@ -272,7 +272,6 @@ def _sbatch_refusal(e: Exception) -> str:
 
 def submit_cells(cfg: Config, cells, run_dir: Path) -> Dict[str, str]:
     """Submit every cell; cells of one resource shape share a job array. Returns {cell: job id}."""
-    from launch import rundir
     check_sbatch()
     groups: Dict[str, list] = {}
     for c in cells:
