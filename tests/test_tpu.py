@@ -140,3 +140,24 @@ def test_plan_matches_reviewed_snapshot(name, overrides, scaleout):
     if os.environ.get("UPDATE_SNAPSHOTS") == "1":
         snap.write_text(got)
     assert got == snap.read_text()
+
+
+@pytest.mark.slow
+def test_existing_tpu_vm_is_used_and_kept(tmp_path, gcloud):
+    env, calls, deleted = gcloud
+    g = [str(FAKE / "gcloud"), "compute", "tpus", "queued-resources"]
+    full_env = {**os.environ, **env}
+    subprocess.run(g + ["create", "mine", "--node-id=my-vm", "--accelerator-type=v4-16", "--runtime-version=v",
+                        "--zone=us-central2-b"], env=full_env, check=True, capture_output=True)
+    for _ in range(3):
+        subprocess.run(g + ["describe", "mine", "--zone=us-central2-b"], env=full_env, check=True, capture_output=True)
+    before = len(calls())
+    p = run_cli(_args(tmp_path, "tpu.mode=existing", "tpu.name=my-vm", "tpu.zone=us-central2-b", 'tpu.setup=["true"]'),
+                cwd=tmp_path, env=env, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    verbs = _verbs(calls()[before:])
+    assert verbs[0] == "tpu-vm describe" and "queued-resources create" not in verbs and "queued-resources delete" not in verbs
+    assert deleted() == []
+    p = run_cli(_args(tmp_path, "tpu.mode=existing", "tpu.name=my-vm", "tpu.zone=us-central2-b", "devices=4",
+                      "run.name=t2"), cwd=tmp_path, env=env)
+    assert p.returncode == 2 and "TPU VM my-vm has 2 worker(s) but devices=4 on v4 needs 1" in p.stderr
