@@ -9,9 +9,7 @@ over gloo.
 
 from launch.loop import PROCESS_START  # noqa: F401  (first: time to first step counts from here)
 
-import argparse
 import os
-from pathlib import Path
 
 
 def setup_distributed() -> None:
@@ -50,14 +48,9 @@ def setup_cache(cfg) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jaxrun")
-    ap.add_argument("--config", required=True, help="a cell's resolved config.yaml")
-    args = ap.parse_args(argv)
-    from launch.config import load_resolved
     from launch import loop
 
-    cfg = load_resolved(args.config)
-    cell_dir = Path(args.config).resolve().parent
+    cfg, cell_dir = loop.read_cell("python -m jaxrun", argv)
     try:
         setup_distributed()
         setup_cache(cfg)

@@ -286,3 +286,12 @@ def exit_on_error(main_fn, where: str) -> None:
         sys.stderr.flush()
         os._exit(1)
     sys.exit(code)
+
+
+def read_cell(prog: str, argv=None):
+    """A trainer's command line, `--config CELL/config.yaml`, as (config, cell directory)."""
+    import argparse
+    ap = argparse.ArgumentParser(prog=prog)
+    ap.add_argument("--config", required=True, help="a cell's resolved config.yaml")
+    args = ap.parse_args(argv)
+    return config_mod.load_resolved(args.config), Path(args.config).resolve().parent

@@ -7,9 +7,7 @@ CPU uses gloo, CUDA uses NCCL.
 
 from launch.loop import PROCESS_START  # noqa: F401  (first: time to first step counts from here)
 
-import argparse
 import os
-from pathlib import Path
 
 
 def setup_distributed(cfg) -> None:
@@ -30,14 +28,9 @@ def setup_distributed(cfg) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m torchrun_fsdp")
-    ap.add_argument("--config", required=True, help="a cell's resolved config.yaml")
-    args = ap.parse_args(argv)
-    from launch.config import load_resolved
     from launch import loop
 
-    cfg = load_resolved(args.config)
-    cell_dir = Path(args.config).resolve().parent
+    cfg, cell_dir = loop.read_cell("python -m torchrun_fsdp", argv)
     try:
         setup_distributed(cfg)
         from torchrun_fsdp.train import TorchEngine
