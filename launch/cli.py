@@ -100,6 +100,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_prepare_data(args: argparse.Namespace) -> int:
     from launch import data
+    if not Path(args.text).is_file():
+        raise UserError(f"TEXT={args.text!r} does not exist; give a text file to tokenise.")
     n = data.prepare_bytes(args.text, args.out, dtype=args.dtype)
     print(f"wrote {n:,} tokens to {args.out} ({args.dtype}); use data.source=file data.path={args.out}")
     return 0

@@ -67,9 +67,6 @@ class Batches:
 def prepare_bytes(text_path: str, out_path: str, dtype: str = "uint16") -> int:
     """Byte-tokenise a text file (one token per byte, vocab 256) into a flat token file, atomically."""
     src = Path(text_path)
-    if not src.is_file():
-        from launch.cli import UserError
-        raise UserError(f"TEXT={text_path!r} does not exist; give a text file to tokenise.")
     tokens = np.frombuffer(src.read_bytes(), dtype=np.uint8).astype(np.dtype(dtype))
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)

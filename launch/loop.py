@@ -135,6 +135,7 @@ def run(engine: Engine, cfg: Config, cell_dir: Path) -> Dict[str, Any]:
     step_times: List[float] = []
     step_starts: List[float] = []
     losses: List[float] = []
+    compile_s = ttfs = peak = None
     try:
         peak = engine.peak_flops_per_device()
         compile_s = engine.compile()
@@ -144,7 +145,6 @@ def run(engine: Engine, cfg: Config, cell_dir: Path) -> Dict[str, Any]:
         summary["resumed_from_step"] = start if start else None
         summary["steps"] = start
         stop = t.stop_after or t.steps
-        ttfs = None
         if main:
             print(f"[scaleout] {engine.framework}: {cfg.devices} device(s) ({engine.device_kind}), "
                   f"{engine.process_count} process(es), steps {start + 1}..{stop}" +
@@ -198,7 +198,6 @@ def run(engine: Engine, cfg: Config, cell_dir: Path) -> Dict[str, Any]:
         if n_steady:  # wall clock of the steady steps, with the time intermediate checkpoint saves cost
             summary["loop_tokens_per_s"] = tokens_per_step * n_steady / (loop_end - step_starts[-n_steady])
         summary["status"] = "ok" if summary["steps"] >= t.steps else "stopped"
-        summary["ttfs"] = ttfs
         _fill_timing(summary, step_times, losses, compile_s, ttfs, t, tokens_per_step, cfg, peak, engine)
     except BaseException as e:
         if isinstance(e, NonFiniteLoss):  # every process saw the same loss: finish in-flight saves, they are good
@@ -208,8 +207,7 @@ def run(engine: Engine, cfg: Config, cell_dir: Path) -> Dict[str, Any]:
                 pass
         summary["error"] = f"{type(e).__name__}: {e}"
         summary["traceback"] = traceback.format_exc(limit=8)
-        _fill_timing(summary, step_times, losses, locals().get("compile_s"), locals().get("ttfs"), t, tokens_per_step,
-                     cfg, locals().get("peak"), engine)
+        _fill_timing(summary, step_times, losses, compile_s, ttfs, t, tokens_per_step, cfg, peak, engine)
         w.write("summary", **summary)
         w.close()
         raise
@@ -223,7 +221,6 @@ def run(engine: Engine, cfg: Config, cell_dir: Path) -> Dict[str, Any]:
 
 
 def _fill_timing(summary, step_times, losses, compile_s, ttfs, t, tokens_per_step, cfg, peak, engine) -> None:
-    summary.pop("ttfs", None)
     st = metrics.steady(step_times, t.warmup_exclude)
     p50 = metrics.percentile(st, 50)
     mean = sum(st) / len(st) if st else None
