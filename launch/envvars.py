@@ -1,0 +1,35 @@
+"""The environment contract between the launcher, the targets and the trainer processes.
+
+A trainer is started with a config path and these variables (besides what `jax.distributed` and
+`torch.distributed` read themselves: RANK, WORLD_SIZE, MASTER_ADDR, SLURM_*, ...).
+"""
+
+from __future__ import annotations
+
+import os
+
+# How the processes of a cell find each other: "local" (explicit coordinator below), "slurm"
+# (jax.distributed's SLURM detection / submitit's rendezvous) or "tpu" (Cloud TPU detection).
+DISTRIBUTED = "SCALEOUT_DISTRIBUTED"
+# Explicit JAX coordinator for several local processes (and the TPU emulation).
+COORDINATOR = "SCALEOUT_COORDINATOR"
+NUM_PROCESSES = "SCALEOUT_NUM_PROCESSES"
+PROCESS_ID = "SCALEOUT_PROCESS_ID"
+# Fault injection for tests: KIND@STEP[:pN][:cell=NAME] (see launch.loop.Fault).
+FAULT = "SCALEOUT_FAULT"
+# Log verbosity the launcher passes down: a logging level name (INFO, DEBUG, WARNING).
+LOG_LEVEL = "SCALEOUT_LOG_LEVEL"
+# The launcher's PID: a trainer whose launcher is gone stops (no orphans).
+PARENT_PID = "SCALEOUT_PARENT_PID"
+# Seconds a SLURM task waits for its trainer to save after a preemption signal; must stay below the
+# delay between the signal and the kill (submitit's signal_delay_s), see launch.targets.slurm.
+SAVE_TIMEOUT_S = "SCALEOUT_SAVE_TIMEOUT_S"
+
+
+def process_index() -> int:
+    """This process's index before any distributed runtime exists (0 when started alone)."""
+    for name in (PROCESS_ID, "RANK", "SLURM_PROCID", "TPU_WORKER_ID", "CLOUD_TPU_TASK_ID"):
+        value = os.environ.get(name)
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    return 0
