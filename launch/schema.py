@@ -1,160 +1,254 @@
-"""The typed schema of a scaleout config: every key, its type and default.
+"""The typed schema of a scaleout config: every key, its type, default, help text and valid range.
 
-`configs/base.yaml` carries the same keys with a one-line comment each (a test keeps the two in
-step); the group files under `configs/` override parts of it. Validation that needs more than a
-type (choices, divisibility, paths) lives in `launch.config`.
+This file is the one place defaults live. Each key is declared with `setting(default, help,
+**rules)`; each section's docstring is its one-line description. `configs/base.yaml` is generated
+from it (`python -m launch.schema` rewrites it, `--check` only compares; a test fails when the two
+differ), and the group files under `configs/` override parts of it.
+
+Rules a key may declare, checked by `launch.config.validate` with a one-sentence error:
+    choices=(...)   the value (or each entry of a list) must be one of these
+    ge/gt/le/lt=x   numeric range: >= / > / <= / < x (each entry of a list); null passes where the
+                    type is Optional
+    nonempty=True   a list must have at least one entry
+    unique=True     a list must not repeat an entry
+    yaml="name"     the key's YAML spelling where it is a Python keyword (`checkpoint.async`)
+Rules that need more than one key (divisibility, the parallel fill) live in `launch.config`.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import json
+import sys
+import typing
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import yaml
+
+FRAMEWORKS = ("jax", "torch")
+TARGETS = ("local", "slurm", "tpu")
+BASE_YAML = Path(__file__).resolve().parents[1] / "configs" / "base.yaml"
+
+
+def setting(default: Any, help: str, *, yaml: Optional[str] = None, choices: Sequence[str] = (),
+            ge: Optional[float] = None, gt: Optional[float] = None, le: Optional[float] = None,
+            lt: Optional[float] = None, nonempty: bool = False, unique: bool = False) -> Any:
+    """A schema field: its default, its one-line help (the comment in base.yaml) and its rules."""
+    meta: Dict[str, Any] = {"help": help}
+    if yaml is not None:
+        meta["yaml"] = yaml
+    if choices:
+        meta["choices"] = tuple(choices)
+    for name, value in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)):
+        if value is not None:
+            meta[name] = value
+    if nonempty:
+        meta["nonempty"] = True
+    if unique:
+        meta["unique"] = True
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass
 class ModelConfig:
-    name: str = "tiny"  # preset this model came from (set by `model=<preset>`)
-    d_model: int = 64  # width of the residual stream
-    n_layers: int = 2  # transformer blocks
-    n_heads: int = 4  # attention heads (head_dim = d_model / n_heads)
-    d_ff: int = 128  # hidden width of the SwiGLU MLP
-    vocab_size: int = 256  # tokens; 256 fits byte-tokenised text
-    seq_len: int = 32  # tokens per sequence
-    dtype: str = "fp32"  # compute dtype: fp32 | bf16 (master weights stay fp32)
-    scan_layers: bool = True  # JAX: scan over stacked layers (compile time flat in depth)
-    remat: str = "none"  # rematerialisation: none | full | dots
-    rope_theta: float = 10000.0  # RoPE base frequency
-    norm_eps: float = 1e-5  # RMSNorm epsilon
-    init_std: float = 0.02  # std of the normal init (output projections are scaled by 1/sqrt(2*n_layers))
-    init: str = "numpy"  # numpy (framework-neutral, identical in both) | native (sharded on device)
+    """The Llama-style decoder; presets in configs/model/ (this is `tiny`)."""
+
+    name: str = setting("tiny", "preset this model came from (set by `model=<preset>`)")
+    d_model: int = setting(64, "width of the residual stream", ge=1)
+    n_layers: int = setting(2, "transformer blocks", ge=1)
+    n_heads: int = setting(4, "attention heads (head_dim = d_model / n_heads, even for RoPE)", ge=1)
+    d_ff: int = setting(128, "hidden width of the SwiGLU MLP", ge=1)
+    vocab_size: int = setting(256, "tokens; 256 fits byte-tokenised text", ge=1)
+    seq_len: int = setting(32, "tokens per sequence", ge=1)
+    dtype: str = setting("fp32", "compute dtype (master weights stay fp32)", choices=("fp32", "bf16"))
+    matmul_precision: str = setting(
+        "highest", "fp32 matmul precision, the same in both frameworks (highest: no TF32)",
+        choices=("highest", "tf32"))
+    scan_layers: bool = setting(True, "JAX: scan over stacked layers (compile time flat in depth); false unrolls")
+    remat: str = setting("none", "rematerialisation; dots saves matmul outputs only", choices=("none", "full", "dots"))
+    rope_theta: float = setting(10000.0, "RoPE base frequency", gt=0)
+    norm_eps: float = setting(1e-5, "RMSNorm epsilon", gt=0)
+    init_std: float = setting(0.02, "std of the normal init (wo and w2 scaled by 1/sqrt(2*n_layers))", gt=0)
+    init: str = setting("numpy", "numpy is framework-neutral (identical in both); native is sharded on device (JAX)",
+                        choices=("numpy", "native"))
 
 
 @dataclass
 class ParallelConfig:
-    data: int = 1  # pure data-parallel replicas
-    fsdp: int = -1  # fully-sharded data parallel; -1 fills what the others leave of `devices`
-    tensor: int = 1  # tensor parallel (JAX only)
+    """data * fsdp * tensor == devices; one axis may be -1 to fill the rest."""
+
+    data: int = setting(1, "pure data-parallel replicas", ge=-1)
+    fsdp: int = setting(-1, "fully-sharded data parallel (FSDP2 / sharded weights)", ge=-1)
+    tensor: int = setting(1, "tensor parallel over heads, MLP and vocab (JAX only)", ge=-1)
 
 
 @dataclass
 class TrainConfig:
-    steps: int = 20  # optimizer steps; the LR schedule spans this many
-    stop_after: Optional[int] = None  # end cleanly after this step with a checkpoint, as if preempted
-    global_batch: int = 8  # sequences per optimizer step, over all devices
-    grad_accum: int = 1  # micro-batches per optimizer step
-    lr: float = 3e-3  # peak learning rate
-    warmup_steps: int = 2  # linear warm-up steps
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at `steps`
-    weight_decay: float = 0.1  # decoupled AdamW decay on matmul weights (not norms, not embeddings)
-    beta1: float = 0.9  # AdamW beta1
-    beta2: float = 0.95  # AdamW beta2
-    eps: float = 1e-8  # AdamW epsilon, added to sqrt(v_hat)
-    clip_norm: float = 1.0  # global gradient-norm clip; 0 disables
-    seed: int = 0  # weight-init seed
-    warmup_exclude: int = 3  # first steps left out of steady-state timing (compile included)
-    log_every: int = 1  # write a step record every this many steps
+    """The optimizer (AdamW), its schedule (warm-up then cosine) and the step counts."""
+
+    steps: int = setting(20, "optimizer steps; the LR schedule spans this many", ge=1)
+    stop_after: Optional[int] = setting(None, "end cleanly after this step with a checkpoint, as if preempted", ge=1)
+    global_batch: int = setting(8, "sequences per optimizer step, over all devices", ge=1)
+    grad_accum: int = setting(1, "micro-batches per optimizer step", ge=1)
+    lr: float = setting(3e-3, "peak learning rate", gt=0)
+    warmup_steps: int = setting(2, "linear warm-up steps", ge=0)
+    min_lr_ratio: float = setting(0.1, "cosine decays to lr * min_lr_ratio at `steps`", ge=0, le=1)
+    weight_decay: float = setting(0.1, "decoupled AdamW decay on matmul weights (not norms, not embeddings)", ge=0)
+    beta1: float = setting(0.9, "AdamW beta1", ge=0, lt=1)
+    beta2: float = setting(0.95, "AdamW beta2", ge=0, lt=1)
+    eps: float = setting(1e-8, "AdamW epsilon, added to sqrt(v_hat) (the PyTorch and optax convention)", gt=0)
+    clip_norm: float = setting(1.0, "global gradient-norm clip; 0 disables", ge=0)
+    seed: int = setting(0, "weight-init seed", ge=0)
+    warmup_exclude: int = setting(3, "first steps left out of steady-state timing (compile included)", ge=0)
+    log_every: int = setting(1, "write a step record every this many steps", ge=1)
 
 
 @dataclass
 class DataConfig:
-    source: str = "synthetic"  # synthetic | file
-    path: Optional[str] = None  # token file for source=file (see `scaleout prepare-data`)
-    dtype: str = "uint16"  # token dtype of the file: uint16 | uint32
-    seed: int = 1234  # data seed: the batch at step s is a function of (seed, s) only
+    """The tokens: the batch at step s is a pure function of (data.seed, s)."""
+
+    source: str = setting("synthetic", "seeded learnable tokens, or a token file from `scaleout prepare-data`",
+                          choices=("synthetic", "file"))
+    path: Optional[str] = setting(None, "token file for source=file")
+    dtype: str = setting("uint16", "token dtype of the file", choices=("uint16", "uint32"))
+    seed: int = setting(1234, "data seed: the batch at step s is a function of (seed, s) only", ge=0)
 
 
 @dataclass
 class CheckpointConfig:
-    dir: str = "checkpoints"  # root; a cell writes to <dir>/<run.name>/<cell>
-    every: int = 10  # save every this many steps (and at the end); 0 saves only at the end
-    keep: int = 2  # complete checkpoints kept
-    async_: bool = field(default=True, metadata={"yaml": "async"})  # write in the background
-    load_from: Optional[str] = None  # when the cell has no checkpoint yet, start from the latest one here
+    """Where and how often cells save; a cell with a complete checkpoint resumes from it."""
+
+    dir: Optional[str] = setting(None, "null: under the cell's directory in the run directory "
+                                 "(<run.dir>/<run.name>/<cell>/checkpoints); a path or gs:// URL overrides it")
+    every: int = setting(10, "save every this many steps (and at the end); 0 saves only at the end", ge=0)
+    keep: int = setting(2, "complete checkpoints kept", ge=1)
+    async_: bool = setting(True, "write in the background while training continues", yaml="async")
+    load_from: Optional[str] = setting(None, "when the cell has no checkpoint yet, start from the latest in this "
+                                       "dir (e.g. another cell's, to continue a 4-device run on 2)")
 
 
 @dataclass
 class RunConfig:
-    dir: str = "runs"  # where run directories go
-    name: str = "${model.name}"  # run directory name under run.dir; reusing it resumes
+    """The run directory: <run.dir>/<run.name>/<cell>/ holds each cell's config, metrics and logs."""
+
+    dir: str = setting("runs", "where run directories go")
+    name: str = setting("${model.name}", "run directory name under run.dir (letters, digits, . _ -); "
+                        "the same name resumes")
+    id: Optional[str] = setting(None, "set by scaleout when it writes a cell: the identity of the run a cell "
+                                "and its checkpoints belong to")
 
 
 @dataclass
 class LocalConfig:
-    processes: int = 1  # JAX: processes to split the devices over (gloo collectives)
-    threads: int = 0  # intra-op threads per process; 0 = host cores / processes
+    """target=local: this machine."""
+
+    processes: int = setting(1, "JAX: processes to split the devices over (gloo collectives)", ge=1)
+    threads: int = setting(0, "intra-op threads per process; 0 = host cores / processes", ge=0)
 
 
 @dataclass
 class MetricsConfig:
-    tensorboard: bool = False  # also write TensorBoard event files per cell
+    """What the trainers record besides metrics.jsonl."""
+
+    tensorboard: bool = setting(False, "also write TensorBoard event files per cell")
 
 
 @dataclass
 class JaxConfig:
-    compilation_cache: bool = True  # persistent compilation cache
-    cache_dir: str = "${checkpoint.dir}/.jax_cache"  # where the persistent cache lives
+    """framework=jax."""
+
+    compilation_cache: bool = setting(True, "persistent compilation cache")
+    cache_dir: str = setting("${run.dir}/.jax_cache", "where the persistent cache lives")
+    xla_flags: Optional[str] = setting(None, "extra XLA_FLAGS; on GPU scaleout sets the latency-hiding "
+                                       "scheduler flags by default, this is appended")
 
 
 @dataclass
 class TorchConfig:
-    compile: bool = False  # torch.compile each block (time recorded as compile time)
+    """framework=torch."""
+
+    compile: bool = setting(False, "torch.compile each block (its time is recorded as compile time)")
 
 
 @dataclass
 class SlurmConfig:
-    partition: Optional[str] = None  # --partition
-    account: Optional[str] = None  # --account
-    qos: Optional[str] = None  # --qos
-    time_min: int = 60  # --time in minutes
-    devices_per_node: int = 8  # tasks (one per device) on each node
-    gpus_per_node: int = 0  # --gpus-per-node; 0 on CPU clusters
-    cpus_per_task: int = 1  # --cpus-per-task
-    mem_gb: Optional[int] = None  # --mem in GB per node
-    constraint: Optional[str] = None  # --constraint
-    exclusive: bool = False  # --exclusive
-    setup: List[str] = field(default_factory=list)  # shell lines run before the tasks start
-    additional: Dict[str, Any] = field(default_factory=dict)  # extra sbatch parameters
-    max_requeues: int = 3  # preemptions/timeouts tolerated before the cell stops
-    python: Optional[str] = None  # interpreter on the compute nodes; null = this one (shared filesystem)
-    wait: bool = False  # block until the jobs finish, then write the report
+    """target=slurm (submitit); see configs/target/slurm.yaml."""
+
+    partition: Optional[str] = setting(None, "--partition")
+    account: Optional[str] = setting(None, "--account")
+    qos: Optional[str] = setting(None, "--qos")
+    wckey: Optional[str] = setting(None, "--wckey; null/empty omits it (submitit's default 'submitit' is never sent)")
+    time_min: int = setting(60, "--time in minutes", ge=1)
+    devices_per_node: int = setting(8, "tasks (one per device) on each node", ge=1)
+    gpus_per_node: int = setting(0, "--gpus-per-node; 0 on CPU clusters", ge=0)
+    cpus_per_task: int = setting(1, "--cpus-per-task", ge=1)
+    mem_gb: Optional[int] = setting(None, "--mem in GB per node; null leaves it to the cluster", ge=1)
+    constraint: Optional[str] = setting(None, "--constraint")
+    exclusive: bool = setting(False, "--exclusive")
+    setup: List[str] = setting([], "shell lines run before the tasks start (module load, source venv)")
+    setup_script: Optional[str] = setting(None, "a file of yours sourced verbatim in the job script before the "
+                                          "tasks start, e.g. to activate a venv or load modules")
+    additional: Dict[str, Any] = setting({}, "extra sbatch parameters, e.g. {reservation: myres}")
+    signal_delay_s: int = setting(90, "seconds between SLURM's preemption/time-limit signal and the kill; "
+                                  "the trainer's save must fit in it", ge=10)
+    max_requeues: int = setting(3, "preemptions/timeouts tolerated before the cell stops", ge=0)
+    python: Optional[str] = setting(None, "interpreter on the compute nodes; null = the one running scaleout "
+                                    "(shared filesystem)")
+    wait: bool = setting(False, "block until the jobs finish, then write the report")
 
 
 @dataclass
 class TpuConfig:
-    mode: str = "queued"  # queued (create a queued resource) | existing (use tpu.name)
-    name: str = "scaleout-${run.name}"  # TPU VM / node id
-    generation: str = "v5e"  # v4 | v5e | v5p | v6e
-    accelerator_type: Optional[str] = None  # explicit type, e.g. v5litepod-16; else from devices
-    runtime_version: str = "v2-alpha-tpuv5-lite"  # TPU VM software version
-    project: Optional[str] = None  # GCP project
-    zone: str = "us-west4-a"  # GCP zone
-    capacity: str = "on-demand"  # on-demand | spot | reserved | best-effort
-    keep: bool = False  # keep the slice after the run
-    poll_interval_s: float = 30.0  # describe every this many seconds while waiting
-    timeout_s: float = 3600.0  # give up waiting for ACTIVE after this long
-    setup: List[str] = field(default_factory=lambda: ["pip install -q -e '.[jax]' 'jax[tpu]'"])  # per worker, once
-    gcloud: str = "gcloud"  # the gcloud executable
-    python: str = "python3"  # interpreter on the TPU workers
+    """target=tpu (gcloud); see configs/target/tpu.yaml."""
+
+    mode: str = setting("queued", "create a queued resource, or use the existing TPU VM tpu.name",
+                        choices=("queued", "existing"))
+    name: str = setting("scaleout-${run.name}", "TPU VM / node id")
+    generation: str = setting("v5e", "TPU generation", choices=("v4", "v5e", "v5p", "v6e"))
+    accelerator_type: Optional[str] = setting(None, "explicit type, e.g. v5litepod-16; else derived from devices")
+    runtime_version: str = setting("v2-alpha-tpuv5-lite", "TPU VM software version")
+    project: Optional[str] = setting(None, "GCP project (null: gcloud's configured project)")
+    zone: str = setting("us-west4-a", "GCP zone")
+    capacity: str = setting("on-demand", "how the slice is provisioned",
+                            choices=("on-demand", "spot", "reserved", "best-effort"))
+    keep: bool = setting(False, "keep the slice after the run")
+    poll_interval_s: float = setting(30.0, "describe every this many seconds while waiting for ACTIVE", gt=0)
+    timeout_s: float = setting(3600.0, "give up waiting for ACTIVE after this long", gt=0)
+    setup: List[str] = setting(["pip install -q -e '.[jax]' 'jax[tpu]'"], "run once per worker after the code arrives")
+    gcloud: str = setting("gcloud", "the gcloud executable")
+    python: str = setting("python3", "interpreter on the TPU workers")
 
 
 @dataclass
 class SweepConfig:
-    devices: List[int] = field(default_factory=lambda: [1, 2, 4])  # device counts to sweep
-    frameworks: List[str] = field(default_factory=lambda: ["jax", "torch"])  # frameworks to sweep
-    scaling: str = "weak"  # weak: per-device batch fixed | strong: global batch fixed
-    extra: Dict[str, List[Any]] = field(default_factory=dict)  # more keys to sweep, e.g. {model.remat: [none, full]}
+    """`scaleout sweep`: frameworks x devices (x extra) cells."""
+
+    devices: List[int] = setting([1, 2, 4], "device counts to sweep", ge=1, nonempty=True, unique=True)
+    frameworks: List[str] = setting(["jax", "torch"], "frameworks to sweep", choices=FRAMEWORKS, nonempty=True, unique=True)
+    scaling: str = setting("weak", "weak fixes the per-device batch, strong the global batch",
+                           choices=("weak", "strong"))
+    extra: Dict[str, List[Any]] = setting({}, "more keys to sweep, e.g. {model.remat: [none, full]}")
 
 
 @dataclass
 class ReportConfig:
-    horizon_steps: int = 10000  # the run length for which the report gives wall time per framework
+    """`scaleout report`."""
+
+    horizon_steps: int = setting(10000, "the run length for which the report gives each framework's wall time", ge=1)
 
 
 @dataclass
 class Config:
-    framework: str = "jax"  # jax | torch
-    target: str = "local"  # local | slurm | tpu
-    devices: int = 1  # devices (GPUs, TPU chips/cores, or simulated CPU devices)
+    """A scaleout config."""
+
+    framework: str = setting("jax", "the trainer", choices=FRAMEWORKS)
+    target: str = setting("local", "where the cells run", choices=TARGETS)
+    devices: int = setting(1, "devices (GPUs, TPU chips/cores, or simulated CPU devices)", ge=1)
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -169,3 +263,124 @@ class Config:
     tpu: TpuConfig = field(default_factory=TpuConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
+
+
+# --------------------------------------------------------------------------- walking the schema
+
+def yaml_name(f: dataclasses.Field) -> str:
+    """A field's YAML spelling (`async` for `async_`)."""
+    return f.metadata.get("yaml", f.name)
+
+
+def walk(cls: type = Config, prefix: str = "") -> Iterator[Tuple[str, dataclasses.Field, Any]]:
+    """(dotted YAML key, field, type) for every field in schema order, sections before their keys."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = prefix + yaml_name(f)
+        yield key, f, hints[f.name]
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from walk(hints[f.name], key + ".")
+
+
+def comment(f: dataclasses.Field) -> str:
+    """The one-line comment of a key: its choices, then its help."""
+    choices = f.metadata.get("choices")
+    text = f.metadata["help"]
+    return f"{' | '.join(choices)}: {text}" if choices else text
+
+
+def section_comment(cls: type) -> str:
+    doc = (cls.__doc__ or "").strip()
+    if not doc or doc.startswith(cls.__name__ + "("):  # dataclass's generated signature
+        raise TypeError(f"schema section {cls.__name__} needs a docstring: its first line is its comment")
+    return doc.splitlines()[0].rstrip(".")
+
+
+# --------------------------------------------------------------------------- base.yaml
+
+HEADER = """\
+# scaleout base config: every key, with its default and a one-line comment. GENERATED from
+# launch/schema.py by `python -m launch.schema`; edit the schema, not this file.
+# Group files (configs/model, target, sweep), --config files and command-line overrides
+# (`model=300m train.steps=50`) layer on top of these defaults, later wins.
+"""
+COMMENT_COLUMN = 28
+
+
+def _yaml_float(v: float) -> str:
+    text = repr(v)  # '1e-05', '0.003', '10000.0'
+    if "e" in text:  # YAML 1.1 floats need a '.' and a signed exponent
+        mantissa, exponent = text.split("e")
+        text = f"{mantissa if '.' in mantissa else mantissa + '.0'}e{int(exponent):+d}"
+    return text
+
+
+def _yaml_str(s: str, flow: bool) -> str:
+    plain = (s == s.strip() and s != "" and not any(t in s for t in (": ", " #", "\n", "\t"))
+             and not (flow and any(c in s for c in ",[]{}")) and s[0] not in "[]{},#&*!|>'\"%@`-?:"
+             and yaml.safe_load(s) == s)
+    return s if plain else json.dumps(s)
+
+
+def yaml_value(v: Any, flow: bool = False) -> str:
+    """`v` as one line of YAML (flow style for lists and mappings)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return _yaml_float(v)
+    if isinstance(v, str):
+        return _yaml_str(v, flow)
+    if isinstance(v, list):
+        return "[" + ", ".join(yaml_value(x, True) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{yaml_value(k, True)}: {yaml_value(x, True)}" for k, x in v.items()) + "}"
+    raise TypeError(f"no YAML for {v!r}")
+
+
+def _line(indent: str, name: str, value: str, text: str) -> str:
+    left = f"{indent}{name}:{' ' + value if value else ''}"
+    return f"{left:<{COMMENT_COLUMN}}# {text}" if len(left) < COMMENT_COLUMN - 1 else f"{left}  # {text}"
+
+
+def render_base_yaml(cls: type = Config) -> str:
+    """configs/base.yaml: every key of the schema with its default and comment, section by section."""
+    return "\n".join([HEADER.rstrip("\n"), *_render(cls, "")]) + "\n"
+
+
+def _render(cls: type, indent: str) -> List[str]:
+    lines: List[str] = []
+    hints = typing.get_type_hints(cls)
+    defaults = cls()
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            if not indent:
+                lines.append("")  # a blank line before each top-level section
+            lines.append(_line(indent, yaml_name(f), "", section_comment(tp)))
+            lines.extend(_render(tp, indent + "  "))
+        else:
+            lines.append(_line(indent, yaml_name(f), yaml_value(getattr(defaults, f.name)), comment(f)))
+    return lines
+
+
+def main(argv: Sequence[str] = ()) -> int:
+    """`python -m launch.schema [--check]`: rewrite configs/base.yaml from the schema, or compare."""
+    text = render_base_yaml()
+    if "--check" in argv:
+        if BASE_YAML.read_text() != text:
+            print(f"{BASE_YAML} differs from the schema; run `python -m launch.schema` to regenerate it.",
+                  file=sys.stderr)
+            return 1
+        return 0
+    from launch.files import atomic_write
+    atomic_write(BASE_YAML, text)
+    print(f"wrote {BASE_YAML}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,18 +1,30 @@
 """Config loading, groups, overrides, interpolation, and every refusal of bad input."""
 
+import dataclasses
 import re
+import typing
 
 import pytest
-import yaml
 
-from launch import config
+from launch import config, schema
+from launch.config import ConfigError, OmegaConf
+from launch.schema import Config
 
 from conftest import ROOT, run_cli
 
 
-def test_base_yaml_has_exactly_the_schema_keys_each_commented():
+def test_base_yaml_is_generated_from_the_schema():
+    """configs/base.yaml is exactly what `python -m launch.schema` writes; regenerate it after editing the schema."""
     text = (ROOT / "configs" / "base.yaml").read_text()
-    data = yaml.safe_load(text)
+    assert text == schema.render_base_yaml(), "configs/base.yaml is stale: run `python -m launch.schema`"
+    assert schema.main(["--check"]) == 0
+
+
+def test_base_yaml_values_are_the_schema_defaults_each_commented():
+    text = (ROOT / "configs" / "base.yaml").read_text()
+    data = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "base.yaml"), resolve=False)
+    assert data == config.to_dict(Config())  # value for value, key order included
+    assert list(data) == list(config.to_dict(Config()))
 
     def leaves(node, prefix=""):
         for k, v in node.items():
@@ -22,10 +34,28 @@ def test_base_yaml_has_exactly_the_schema_keys_each_commented():
             else:
                 yield key
 
-    assert set(leaves(data)) == set(config.schema_keys())
+    assert list(leaves(data)) == list(config.schema_keys())
     for line in text.splitlines():
-        if re.match(r"^\s*[a-z_]+:\s*[^\s#]", line):  # a key with a value
-            assert "#" in line, f"base.yaml line has no comment: {line!r}"
+        if re.match(r"^\s*[a-z_]+:", line):  # every key and section has its comment
+            assert " # " in line, f"base.yaml line has no comment: {line!r}"
+
+
+def test_every_key_has_help_and_every_number_a_range():
+    for key, f, tp in schema.walk():
+        if dataclasses.is_dataclass(tp):
+            assert schema.section_comment(tp)
+            continue
+        assert f.metadata.get("help"), f"{key} has no help text"
+        base = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+        inner = typing.get_args(base[0]) if typing.get_origin(base[0]) is list else base
+        if inner[0] in (int, float):
+            assert {"ge", "gt", "le", "lt"} & set(f.metadata), f"{key} is a number without a range"
+
+
+def test_yaml_values_round_trip():
+    for v in [1e-5, 3e-3, 1e20, 0.5, -2.0, "on", "yes", "null", "1", "a: b", "x #y", "-x", "[a]", "${a.b}/c",
+              "it's", "", [1, "a,b"], {"k": [1, 2]}, None, True, 7]:
+        assert OmegaConf.to_container(OmegaConf.create("v: " + schema.yaml_value(v)))["v"] == v, v
 
 
 def test_defaults_are_the_tiny_preset():
@@ -52,9 +82,10 @@ def test_later_layers_win_and_user_file(tmp_path):
 
 
 def test_interpolation():
-    cfg = config.load(["model=small", "checkpoint.dir=/ck"])
+    cfg = config.load(["model=small", "checkpoint.dir=/ck", "run.dir=/r"])
     assert cfg.run.name == "small"
-    assert cfg.jax.cache_dir == "/ck/.jax_cache"
+    assert cfg.jax.cache_dir == "/r/.jax_cache"  # no longer under checkpoint.dir, which may be null
+    assert cfg.checkpoint.dir == "/ck"
     assert config.load(["run.name=${framework}-x", "framework=torch"]).run.name == "torch-x"
 
 
@@ -94,6 +125,58 @@ BAD = [
     (["steps"], r"override 'steps' is not valid: write key=value"),
     (["model.dtype=fp8"], r"model\.dtype='fp8' is not valid; choose one of: fp32, bf16"),
     (["model.d_model=64.5"], r"model\.d_model=64\.5 is not valid: it must be an integer"),
+    # ranges declared in the schema
+    (["train.beta1=5"], r"train\.beta1=5\.0 is not valid: it must be >= 0 and < 1\.$"),
+    (["train.beta2=1"], r"train\.beta2=1\.0 is not valid: it must be >= 0 and < 1\.$"),
+    (["train.eps=-1"], r"train\.eps=-1\.0 is not valid: it must be a positive number\.$"),
+    (["train.min_lr_ratio=2"], r"train\.min_lr_ratio=2\.0 is not valid: it must be >= 0 and <= 1\.$"),
+    (["train.lr=nan"], r"train\.lr=nan is not valid: it must be a finite number\.$"),
+    (["train.seed=-1"], r"train\.seed=-1 is not valid: it must be zero or positive\.$"),
+    (["model.init_std=-3"], r"model\.init_std=-3\.0 is not valid: it must be a positive number\.$"),
+    (["model.norm_eps=0"], r"model\.norm_eps=0\.0 is not valid: it must be a positive number"),
+    (["slurm.cpus_per_task=0"], r"slurm\.cpus_per_task=0 is not valid: it must be a positive integer\.$"),
+    (["slurm.mem_gb=-4"], r"slurm\.mem_gb=-4 is not valid: it must be a positive integer, or null\.$"),
+    (["slurm.signal_delay_s=5"], r"slurm\.signal_delay_s=5 is not valid: it must be >= 10\.$"),
+    (["slurm.signal_delay_s=3600", "slurm.time_min=60"], r"slurm\.signal_delay_s=3600 is not valid: it must be less than"),
+    (["tpu.timeout_s=0"], r"tpu\.timeout_s=0\.0 is not valid: it must be a positive number"),
+    (["checkpoint.keep=0"], r"checkpoint\.keep=0 is not valid: it must be a positive integer"),
+    (["parallel.fsdp=-2"], r"parallel\.fsdp=-2 is not valid: it must be >= -1"),
+    (["model.matmul_precision=fast"], r"model\.matmul_precision='fast' is not valid; choose one of: highest, tf32"),
+    # names that reach paths and scripts
+    (["run.name=../trav"], r"run\.name='\.\./trav' is not valid: it must be one path component"),
+    (["run.name=/etc"], r"run\.name='/etc' is not valid: it must be one path component"),
+    (["run.name=a\nb"], r"run\.name='a b' is not valid: it must be one path component"),  # YAML folds the newline
+    (["run.name=.."], r"run\.name='\.\.' is not valid"),
+    (["run.name=''"], r"run\.name='' is not valid"),
+    (["run.name=", ], r"run\.name=null is not valid: it must be a string"),
+    (["run.id=a/b"], r"run\.id='a/b' is not valid: it must be one path component"),
+    (["run.dir=\"a\\nb\""], r"run\.dir='a\\nb' is not valid: it must not contain a newline or NUL character"),
+    # one sentence instead of a traceback
+    (["train.steps='5"], r"override \"train\.steps='5\" is not valid: the value after '=' is not valid YAML"),
+    (["train.steps=[1,"], r"override 'train\.steps=\[1,' is not valid: the value after '=' is not valid YAML"),
+    (["sweep.devices=[]"], r"sweep\.devices=\[\] is not valid: it must list at least one value, e\.g\. sweep\.devices=\[1,2,4\]"),
+    (["sweep.frameworks=[]"], r"sweep\.frameworks=\[\] is not valid: it must list at least one value"),
+    (["sweep.devices=[1,2,2]"], r"sweep\.devices=\[1, 2, 2\] is not valid: 2 appears more than once"),
+    (["sweep.frameworks=[jax,torch,jax]"], r"sweep\.frameworks=.* is not valid: 'jax' appears more than once"),
+    (["sweep.devices=[1,0]"], r"sweep\.devices contains 0: each entry must be a positive integer"),
+    (["sweep.frameworks=[jax,mxnet]"], r"sweep\.frameworks contains 'mxnet'; choose from: jax, torch"),
+    (["sweep.devices=[1,a]"], r"sweep\.devices\[1\]='a' is not valid: it must be an integer"),
+    (["sweep.devices=3"], r"sweep\.devices=3 is not valid: it must be a list of an integer"),
+    (["sweep.extra={model.remat: full}"], r"sweep\.extra\.model\.remat='full' is not valid: give a non-empty list"),
+    (["sweep.extra={model.remta: [full]}"], r"sweep\.extra key model\.remta is not a config key; did you mean model\.remat\?"),
+    # OmegaConf's own exceptions, translated
+    (["train=5"], r"train=5 in the command line is not valid: train is a section; set its keys"),
+    (["train.steps=null"], r"train\.steps=null is not valid: it must be an integer"),
+    (["train.steps={a: 1}"], r"train\.steps=\{\"a\": 1\} is not valid: it must be an integer"),
+    (["checkpoint.async=maybe"], r"checkpoint\.async='maybe' is not valid: it must be true or false"),
+    (["checkpoint.async_=false"], r"unknown key checkpoint\.async_ in the command line; did you mean checkpoint\.async\?"),
+    (["run.name=${nope}"], r"run\.name='\$\{nope\}' could not be resolved: Interpolation key 'nope' not found"),
+    (["run.name=${oops"], r"override 'run\.name=\$\{oops' is not valid: .*write an interpolation as"),
+    (["run.name=${model}"], r"run\.name='\$\{model\}' is not valid: it resolves to a mapping, which is not a string"),
+    (["sweep.extra.model.remat=[a]"], r"sweep\.extra's keys are whole config keys; write sweep\.extra=\{model\.remat"),
+    (["train.steps=1e3"], r"train\.steps=1000\.0 is not valid: it must be an integer"),
+    (["sweep.devices=[1,true]"], r"sweep\.devices\[1\]=true is not valid: it must be an integer"),
+    (["train.steps=${model.name}"], r"train\.steps='\$\{model\.name\}' is not valid: it resolves to 'tiny', which is not an integer"),
 ]
 
 
@@ -120,3 +203,82 @@ def test_cli_subprocess_exit_code_and_no_traceback(tmp_path):
     p = run_cli(["plan", "model.n_layer=2"], cwd=tmp_path)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "did you mean model.n_layers?" in p.stderr
+
+
+def test_bad_value_in_a_file_names_the_file(tmp_path, scaleout):
+    f = tmp_path / "bad.yaml"
+    f.write_text("train:\n  steps: abc\n")
+    code, _, err = scaleout("plan", "--config", str(f))
+    assert code == 2 and f"train.steps='abc' in {f} is not valid: it must be an integer." in err
+    f.write_text("slurm: 3\n")
+    code, _, err = scaleout("plan", "--config", str(f))
+    assert code == 2 and "slurm=3 in" in err and "is a section" in err
+
+
+def test_new_keys_and_their_defaults():
+    cfg = config.load()
+    assert cfg.run.id is None and cfg.checkpoint.dir is None
+    assert cfg.jax.cache_dir == "runs/.jax_cache" and cfg.jax.xla_flags is None
+    assert cfg.model.matmul_precision == "highest"
+    assert (cfg.slurm.wckey, cfg.slurm.setup_script, cfg.slurm.signal_delay_s) == (None, None, 90)
+    cfg = config.load(["checkpoint.dir=gs://b/ck", "slurm.wckey=''", "slurm.setup_script=/opt/env.sh",
+                       "jax.xla_flags=--xla_gpu_enable_latency_hiding_scheduler=true", "model.matmul_precision=tf32"])
+    assert cfg.checkpoint.dir == "gs://b/ck" and cfg.slurm.wckey == "" and cfg.slurm.setup_script == "/opt/env.sh"
+    assert cfg.jax.xla_flags.startswith("--xla_gpu") and cfg.model.matmul_precision == "tf32"
+
+
+def test_math_hash_ignores_run_identity_but_not_precision():
+    base = config.math_hash(config.load())
+    assert config.math_hash(config.load(["run.id=20240101-abc", "run.name=other", "checkpoint.dir=/x"])) == base
+    assert config.math_hash(config.load(["model.matmul_precision=tf32"])) != base
+
+
+def test_names_use_full_matches():
+    cfg = config.load()
+    for bad in ("abc\n", "a/b", "a b", ".", "..", "", "x\0"):
+        with pytest.raises(ConfigError, match=r"run\.name="):
+            config.replace(cfg, {"run.name": bad})
+    for good in ("my-run", "a.b_c-1", "..x", "tiny"):
+        assert config.replace(cfg, {"run.name": good}).run.name == good
+    with pytest.raises(ConfigError, match=r"checkpoint\.dir='/a\\nb' is not valid: it must not contain a newline"):
+        config.replace(cfg, {"checkpoint.dir": "/a\nb"})
+    with pytest.raises(ConfigError, match=r"run\.dir='r\\x00' is not valid"):
+        config.replace(cfg, {"run.dir": "r\0"})
+
+
+def test_replace_validates_and_knows_the_yaml_spelling():
+    cfg = config.load()
+    assert config.replace(cfg, {"checkpoint.async": False}).checkpoint.async_ is False
+    assert config.replace(cfg, {"train.lr": 1}).train.lr == 1.0
+    with pytest.raises(ConfigError, match=r"unknown key model\.nlayers; did you mean model\.n_layers\?"):
+        config.replace(cfg, {"model.nlayers": 3})
+    with pytest.raises(ConfigError, match=r"train\.beta1=1\.5 is not valid: it must be >= 0 and < 1\."):
+        config.replace(cfg, {"train.beta1": 1.5})
+    with pytest.raises(ConfigError, match=r"train\.steps='x' is not valid: it must be an integer\."):
+        config.replace(cfg, {"train.steps": "x"})
+
+
+def test_save_and_load_resolved_round_trip(tmp_path):
+    cfg = config.load(["model=small", "checkpoint.async=false", "sweep.extra={model.remat: [none, full]}",
+                       "slurm.additional={reservation: r1}", "run.id=abc123"])
+    config.save(cfg, tmp_path / "c" / "config.yaml")
+    assert config.load_resolved(tmp_path / "c" / "config.yaml") == cfg
+    text = (tmp_path / "c" / "config.yaml").read_text()
+    (tmp_path / "c" / "config.yaml").write_text(text.replace("  name: small\n  id:", "  name: ../x\n  id:"))
+    with pytest.raises(ConfigError, match=r"run\.name='\.\./x' is not valid"):
+        config.load_resolved(tmp_path / "c" / "config.yaml")
+
+
+def test_free_mappings_take_any_keys():
+    cfg = config.load(["slurm.additional={reservation: r1, gres: 'gpu:2'}", "slurm.additional.nice=5"])
+    assert cfg.slurm.additional == {"reservation": "r1", "gres": "gpu:2", "nice": 5}
+    assert config.load(["sweep.extra={model.remat: [none, full]}"]).sweep.extra == {"model.remat": ["none", "full"]}
+
+
+def test_public_api_is_stable():
+    for name in ("ConfigError", "load", "load_resolved", "replace", "save", "to_dict", "get", "math_hash",
+                 "mesh_shape", "resolve_parallel", "schema_keys", "CHOICES", "FRAMEWORKS", "TARGETS", "OmegaConf"):
+        assert hasattr(config, name), name
+    assert config.CHOICES["framework"] == config.FRAMEWORKS and config.CHOICES["target"] == config.TARGETS
+    assert config.CHOICES["model.matmul_precision"] == ("highest", "tf32")
+    assert set(config.FREE_MAPPINGS) == {"slurm.additional", "sweep.extra"}
