@@ -8,10 +8,14 @@ nothing is run, written or submitted.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import List, Optional
 
+from launch import envvars, log as log_setup
 from launch.config import ConfigError
 from launch.targets.errors import SubmitError
 
@@ -35,8 +39,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from launch import runner
-    return runner.run_single(_config(args))
+    from launch import sweep
+    return sweep.run_single(_config(args))
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -55,46 +59,49 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _run_dir(args: argparse.Namespace) -> Path:
-    if not (args.run_dir / "config.yaml").is_file() and not any(args.run_dir.glob("*/config.yaml")):
+    from launch import status
+    if not args.run_dir.is_dir() or not status.cell_names(args.run_dir):
         raise UserError(f"RUN_DIR={str(args.run_dir)!r} holds no cells (no <cell>/config.yaml); give a directory written by `scaleout run` or `scaleout sweep`.")
     return args.run_dir
 
 
-def _cell(args: argparse.Namespace, run_dir: Path) -> Optional[str]:
-    from launch import jobs
+def _cells(args: argparse.Namespace, run_dir: Path) -> List[str]:
+    """The CELL argument checked against the run's cells, or every cell."""
+    from launch import status
+    names = status.cell_names(run_dir)
     if args.cell is None:
-        return None
-    names = jobs.cell_names(run_dir)
+        return names
     if args.cell not in names:
         raise UserError(f"CELL={args.cell!r} is not a cell of {run_dir}; cells: {', '.join(names)}.")
-    return args.cell
+    return [args.cell]
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from launch import jobs
-    states = jobs.cell_states(_run_dir(args))
-    for s in states:
-        print(jobs.format_state(s))
+    from launch import status
+    for s in status.cell_states(_run_dir(args)):
+        print(status.format_state(s))
     return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from launch import jobs
+    from launch import status
     run_dir = _run_dir(args)
-    cell = _cell(args, run_dir)
-    names = [cell] if cell else jobs.cell_names(run_dir)
+    names = _cells(args, run_dir)
     if args.follow and len(names) != 1:
         raise UserError("--follow needs one CELL; cells: " + ", ".join(names) + ".")
     for name in names:
-        jobs.print_logs(run_dir, name, follow=args.follow)
+        status.print_logs(run_dir, name, follow=args.follow)
     return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from launch import jobs
+    from launch import status
     run_dir = _run_dir(args)
-    ids = jobs.cancel(run_dir, _cell(args, run_dir))
-    print(f"cancelled {', '.join(ids)}" if ids else "no SLURM jobs recorded for that run directory or cell")
+    done = status.cancel(run_dir, _cells(args, run_dir))
+    if not done:
+        print("no jobs recorded for that run directory or cell: local and TPU cells run in the foreground (stop their launcher)")
+    for cell, what in done.items():
+        print(f"{cell}: {what}")
     return 0
 
 
@@ -102,6 +109,8 @@ def cmd_prepare_data(args: argparse.Namespace) -> int:
     from launch import data
     if not Path(args.text).is_file():
         raise UserError(f"TEXT={args.text!r} does not exist; give a text file to tokenise.")
+    if Path(args.out).is_dir():
+        raise UserError(f"OUT={args.out!r} is a directory; give the path of the token file to write, e.g. {Path(args.out) / 'tokens.bin'}.")
     n = data.prepare_bytes(args.text, args.out, dtype=args.dtype)
     print(f"wrote {n:,} tokens to {args.out} ({args.dtype}); use data.source=file data.path={args.out}")
     return 0
@@ -109,6 +118,8 @@ def cmd_prepare_data(args: argparse.Namespace) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="scaleout", description="Launch the same transformer as a JAX or PyTorch FSDP2 job and report how both scale.")
+    ap.add_argument("-q", "--quiet", action="count", default=0, help="only warnings and errors")
+    ap.add_argument("-v", "--verbose", action="count", default=0, help="debug output (also from every trainer process)")
     sub = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -154,6 +165,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:
         args.overrides = list(args.overrides) + extra
+    from launch.targets import procs
+    level = log_setup.level_for(args.verbose - args.quiet)
+    log_setup.setup(level)
+    os.environ[envvars.LOG_LEVEL] = logging.getLevelName(level)  # the trainers this launcher starts follow it
+    previous = signal.getsignal(signal.SIGTERM)
+    procs.install_sigterm()
     try:
         return args.func(args)
     except (ConfigError, UserError, SubmitError) as e:
@@ -161,7 +178,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("scaleout: interrupted", file=sys.stderr)
-        return 130
+        return 128 + signal.SIGINT
+    except procs.Terminated as e:
+        print("scaleout: terminated", file=sys.stderr)
+        return 128 + e.signum
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,6 @@ FAULT = "SCALEOUT_FAULT"
 LOG_LEVEL = "SCALEOUT_LOG_LEVEL"
 # The launcher's PID: a trainer whose launcher is gone stops (no orphans).
 PARENT_PID = "SCALEOUT_PARENT_PID"
-# Seconds a SLURM task waits for its trainer to save after a preemption signal; must stay below the
-# delay between the signal and the kill (submitit's signal_delay_s), see launch.targets.slurm.
-SAVE_TIMEOUT_S = "SCALEOUT_SAVE_TIMEOUT_S"
 
 
 def process_index() -> int:

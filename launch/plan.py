@@ -68,7 +68,7 @@ def describe(cfg: Config) -> Dict[str, Any]:
                  "weights": layouts},
         "cell": cell,
         "run_dir": str(rundir.run_dir(cfg)),
-        "commands": targets.plan_commands(rundir.cell_config(cfg, cell), rundir.run_dir(cfg) / cell),
+        "commands": targets.get(cfg.target).plan_commands(rundir.cell_config(cfg, cell), rundir.cell_dir(cfg, cell)),
         "config": config_mod.to_dict(cfg),
     }
 

@@ -16,16 +16,18 @@ efficiency, loss curves, start-up cost). Definitions:
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
-import os
+import re
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from omegaconf import OmegaConf
 
-from launch import metrics
-from launch.rundir import CONFIG_NAME, METRICS_NAME
+from launch import files
+from launch.files import CONFIG_NAME, LOGS_DIR, METRICS_NAME, SWEEP_FILE
+from launch.status import cell_dirs
 
 ROW_FIELDS = ["cell", "framework", "devices", "processes", "global_batch", "tokens_per_s", "tokens_per_s_per_device",
               "mfu", "step_time_p50_s", "step_time_p90_s", "compile_s", "time_to_first_step_s",
@@ -36,27 +38,38 @@ class ReportError(Exception):
     pass
 
 
-def _last_error_line(cell_dir: Path, summary: Optional[Dict[str, Any]]) -> Optional[str]:
-    if summary and summary.get("error"):
-        return str(summary["error"]).strip().splitlines()[-1]
-    logs = sorted((cell_dir / "logs").glob("*.log")) if (cell_dir / "logs").is_dir() else []
-    for log in logs:
-        lines = [l for l in log.read_text(errors="replace").splitlines() if l.strip()]
-        if lines:
-            return lines[-1]
-    return None
+FINISHED_RE = re.compile(r"\[scaleout\] (ok|stopped): (\d+) steps")
+ERROR_RE = re.compile(r"\[scaleout\].* error|Error\b|error:")
 
 
-def cell_dirs(run_dir: Path) -> List[Path]:
-    manifest = run_dir / "sweep.json"
-    if manifest.is_file():
-        return [run_dir / c["name"] for c in json.loads(manifest.read_text())["cells"]]
-    return sorted(p.parent for p in run_dir.glob(f"*/{CONFIG_NAME}"))
+def _log_lines(cell_dir: Path) -> List[str]:
+    logs = sorted((cell_dir / LOGS_DIR).glob("*.log")) if (cell_dir / LOGS_DIR).is_dir() else []
+    lines: List[str] = []
+    for path in logs:
+        lines += [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    return lines
+
+
+def _explain(cell_dir: Path, summary: Optional[Dict[str, Any]], last_step: Optional[int]) -> Tuple[str, Optional[str]]:
+    """(status, error) of a cell without an ok summary, saying only what the files support."""
+    if summary and summary.get("status") in ("failed", "stopped"):
+        error = str(summary.get("error") or "").strip().splitlines()
+        return summary["status"], (error[-1] if error else None)
+    lines = _log_lines(cell_dir)
+    finished = [m for m in (FINISHED_RE.search(line) for line in lines) if m]
+    if finished:  # the trainer said it ended, but its records are gone or torn
+        return "incomplete", f"metrics lost or incomplete; the log says it finished at step {finished[-1].group(2)}"
+    errors = [line for line in lines if ERROR_RE.search(line)]
+    if errors:
+        return "failed", errors[-1].strip()
+    if last_step is not None:
+        return "incomplete", f"metrics end at step {last_step} without a summary (still running, or killed)"
+    return "not run", ("its processes wrote output but no metrics" if lines else None)
 
 
 def load_cell(cell_dir: Path) -> Dict[str, Any]:
     cfg = OmegaConf.to_container(OmegaConf.load(cell_dir / CONFIG_NAME))
-    recs = metrics.read(cell_dir / METRICS_NAME)
+    recs = files.read_records(cell_dir / METRICS_NAME)
     summaries = [r for r in recs if r.get("kind") == "summary"]
     starts = [r for r in recs if r.get("kind") == "start"]
     s = summaries[-1] if summaries else None
@@ -66,16 +79,12 @@ def load_cell(cell_dir: Path) -> Dict[str, Any]:
     if s:
         row.update({k: s.get(k) for k in ROW_FIELDS if k in s and k not in ("cell", "error")})
         row["step_time_mean_s"] = s.get("step_time_mean_s")
-    if not s:
-        row["status"] = "not run" if not recs else "failed"
-    elif s.get("status") != "ok":
-        row["status"] = "failed" if s.get("status") == "failed" else s.get("status")
-    if row["status"] != "ok":
-        row["error"] = _last_error_line(cell_dir, s) or ("no metrics were written" if not recs else None)
     steps = {}
     for r in recs:
-        if r.get("kind") == "step":
-            steps[r["step"]] = r["loss"]
+        if r.get("kind") == "step" and isinstance(r.get("step"), int):
+            steps[r["step"]] = r.get("loss")
+    if not s or s.get("status") != "ok":
+        row["status"], row["error"] = _explain(cell_dir, s, max(steps) if steps else None)
     row["_loss"] = sorted(steps.items())
     row["_start"] = starts[-1] if starts else {}
     row["_cfg"] = cfg
@@ -158,8 +167,8 @@ def write(run_dir: Path) -> Dict[str, Any]:
     if not dirs:
         raise ReportError(f"RUN_DIR={str(run_dir)!r} holds no cells (no <cell>/{CONFIG_NAME}); give a directory written by `scaleout run` or `scaleout sweep`.")
     rows = [load_cell(d) for d in dirs]
-    manifest = run_dir / "sweep.json"
-    scaling = json.loads(manifest.read_text())["scaling"] if manifest.is_file() else rows[0]["_cfg"]["sweep"]["scaling"]
+    manifest = files.read_json(run_dir / SWEEP_FILE)
+    scaling = manifest["scaling"] if isinstance(manifest, dict) and "scaling" in manifest else rows[0]["_cfg"]["sweep"]["scaling"]
     horizon = int(rows[0]["_cfg"]["report"]["horizon_steps"])
     derived = derive(rows, scaling, horizon)
     hw = hardware(rows)
@@ -168,20 +177,14 @@ def write(run_dir: Path) -> Dict[str, Any]:
     doc = {"run_dir": str(run_dir), "model": rows[0]["_cfg"]["model"]["name"], "hardware": hw, "cells": public,
            "derived": derived, "plots": [p.name for p in plots],
            "loss_curves": {r["cell"]: r["_loss"] for r in rows}}
-    _atomic(run_dir / "report.json", json.dumps(doc, indent=2, default=str))
-    with open(run_dir / "report.csv.tmp", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=ROW_FIELDS)
-        w.writeheader()
-        w.writerows(public)
-    os.replace(run_dir / "report.csv.tmp", run_dir / "report.csv")
-    _atomic(run_dir / "report.md", _markdown(doc, rows))
+    files.atomic_write(run_dir / "report.json", json.dumps(doc, indent=2, default=str))
+    table = io.StringIO()
+    w = csv.DictWriter(table, fieldnames=ROW_FIELDS)
+    w.writeheader()
+    w.writerows(public)
+    files.atomic_write(run_dir / "report.csv", table.getvalue())
+    files.atomic_write(run_dir / "report.md", _markdown(doc, rows))
     return {"md": run_dir / "report.md", "json": run_dir / "report.json", "csv": run_dir / "report.csv", "plots": plots}
-
-
-def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _fmt(v: Any, kind: str = "") -> str:

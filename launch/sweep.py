@@ -1,36 +1,36 @@
-"""`scaleout sweep`: frameworks x devices (x sweep.extra) cells, written, run, then reported.
+"""The orchestrator: `scaleout sweep` and `scaleout run` (a sweep of one cell), for every target.
+
+    expand   frameworks x devices (x sweep.extra) into cells, each a fully resolved config
+    check    every cell valid for the target, the environment ready (preflight), no cell of the
+             run directory written with other math, no checkpoint directory of another run,
+             no cell held by another launcher or a live job -- all before anything is written
+    write    run.json, each <cell>/config.yaml, sweep.json
+    run      skip finished cells, hand the rest to the target (launch.targets), once
+    report   when the target's results are final (local, tpu, slurm with slurm.wait)
 
 Weak scaling keeps the per-device batch fixed: `train.global_batch` is the global batch at the
 smallest device count and grows in proportion. Strong scaling keeps `train.global_batch` for
-every cell. Every cell is validated before anything is written or run. A rerun of the same
-sweep skips finished cells and resumes unfinished ones from their checkpoints; a failing cell
-does not stop the others.
+every cell. A rerun of the same sweep skips finished cells and resumes unfinished ones from their
+checkpoints; a failing cell does not stop the others.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-import json
-from dataclasses import dataclass, field
+import logging
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence
 
 from launch import config as config_mod
-from launch import metrics, rundir
+from launch import files, rundir
 from launch.config import ConfigError
+from launch.lock import CellLocks
 from launch.schema import Config
+from launch.targets import Cell, Outcome, get as get_target
+from launch.targets.errors import SubmitError
 
-SWEEP_FILE = "sweep.json"
-
-
-@dataclass
-class Cell:
-    name: str
-    framework: str
-    devices: int
-    extra: Dict[str, Any]
-    cfg: Config  # the cell's resolved config, before rundir.cell_config paths
-    dir: Path = field(default=Path("."))
+log = logging.getLogger(__name__)
 
 
 def global_batch(cfg: Config, devices: int) -> int:
@@ -43,12 +43,11 @@ def global_batch(cfg: Config, devices: int) -> int:
     return cfg.train.global_batch // nmin * devices
 
 
-def expand(cfg: Config) -> List[Cell]:
-    """Every cell of the sweep, validated; raises ConfigError naming the first bad cell."""
+def expand(cfg: Config, rid: str = "") -> List[Cell]:
+    """Every cell of the sweep, each with its own resolved config; raises ConfigError naming the first bad cell."""
     keys = list(cfg.sweep.extra)
     combos = list(itertools.product(*(cfg.sweep.extra[k] for k in keys))) if keys else [()]
     cells = []
-    run_dir = rundir.run_dir(cfg)
     for fw in cfg.sweep.frameworks:
         for d in cfg.sweep.devices:
             for combo in combos:
@@ -56,76 +55,105 @@ def expand(cfg: Config) -> List[Cell]:
                 name = rundir.cell_name(fw, d, extra)
                 updates = {"framework": fw, "devices": d, "train.global_batch": global_batch(cfg, d), **extra}
                 try:
-                    cell_cfg = config_mod.replace(cfg, updates)
+                    cell_cfg = rundir.cell_config(config_mod.replace(cfg, updates), name, rid or None)
                 except ConfigError as e:
                     raise ConfigError(f"sweep cell {name}: {e}") from None
-                cells.append(Cell(name, fw, d, extra, cell_cfg, run_dir / name))
+                cells.append(Cell(name, fw, d, extra, cell_cfg, rundir.cell_dir(cfg, name)))
     if len({c.name for c in cells}) != len(cells):
         raise ConfigError("sweep.devices or sweep.frameworks lists a value twice; each cell must be unique.")
     return cells
 
 
-def check_existing(cells: List[Cell]) -> None:
-    """Refuse to reuse a run directory whose cells were written with different math."""
+def single(cfg: Config, rid: str = "") -> List[Cell]:
+    """`scaleout run`: the one cell of `framework` x `devices`."""
+    name = rundir.cell_name(cfg.framework, cfg.devices)
+    return [Cell(name, cfg.framework, cfg.devices, {}, rundir.cell_config(cfg, name, rid or None), rundir.cell_dir(cfg, name))]
+
+
+def check(cfg: Config, cells: Sequence[Cell]) -> None:
+    """Everything that can refuse the run, before anything is written."""
+    rundir.check_identity(cfg)
+    target = get_target(cfg.target)
     for c in cells:
-        path = c.dir / rundir.CONFIG_NAME
-        if path.is_file():
-            old = config_mod.load_resolved(path)
-            if config_mod.math_hash(old) != config_mod.math_hash(c.cfg) or old.devices != c.devices:
-                raise ConfigError(f"run directory {c.dir.parent} already holds cell {c.name} with a different config; "
-                                  "pick another run.name (run.name=...) or remove that directory.")
+        try:
+            target.validate(c.cfg)
+        except ConfigError as e:
+            raise ConfigError(f"cell {c.name}: {e}" if len(cells) > 1 else str(e)) from None
+    for c in cells:
+        why = rundir.existing_conflict(c.cfg, c.name)
+        if why:
+            raise ConfigError(f"run directory {c.dir.parent} already holds cell {c.name} {why}; "
+                              "pick another run.name (run.name=...) or remove that directory.")
+        rundir.check_checkpoint_owner(c.cfg)
+    for c in cells:
+        target.preflight(c.cfg)
+    live = {name: job for name, job in target.jobs(rundir.run_dir(cfg)).items() if job.live}
+    for c in cells:
+        if c.name in live:
+            raise SubmitError(f"cell {c.name} already has a live job {live[c.name].job_id} ({live[c.name].state}); "
+                              f"wait for it, or stop it with `scaleout cancel {c.dir.parent} {c.name}`.")
 
 
 def is_finished(c: Cell) -> bool:
-    recs = [r for r in metrics.read(c.dir / rundir.METRICS_NAME) if r.get("kind") == "summary"]
-    return bool(recs) and recs[-1].get("status") == "ok" and recs[-1].get("steps", 0) >= c.cfg.train.steps
+    s = files.last_summary(c.dir)
+    return bool(s) and s.get("status") == "ok" and (s.get("steps") or 0) >= c.cfg.train.steps
 
 
-def write(cfg: Config, cells: List[Cell]) -> Path:
-    run_dir = rundir.run_dir(cfg)
+def write(cfg: Config, cells: Sequence[Cell], rid: str, manifest: bool) -> Path:
+    run_dir = rundir.write_run(cfg, rid)
     for c in cells:
         rundir.write_cell(c.cfg, c.name)
-    manifest = {"scaling": cfg.sweep.scaling, "target": cfg.target, "model": cfg.model.name,
-                "cells": [{"name": c.name, "framework": c.framework, "devices": c.devices, "extra": c.extra,
-                           "global_batch": c.cfg.train.global_batch} for c in cells]}
-    tmp = run_dir / (SWEEP_FILE + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2))
-    tmp.replace(run_dir / SWEEP_FILE)
+    if manifest:
+        files.write_json(run_dir / files.SWEEP_FILE, {
+            "scaling": cfg.sweep.scaling, "target": cfg.target, "model": cfg.model.name,
+            "cells": [{"name": c.name, "framework": c.framework, "devices": c.devices, "extra": c.extra,
+                       "global_batch": c.cfg.train.global_batch} for c in cells]})
     return run_dir
 
 
+def execute(cfg: Config, cells: List[Cell], manifest: bool) -> List[Outcome]:
+    """Check, write, skip finished cells and run the rest on the target; returns the outcomes of those run."""
+    check(cfg, cells)
+    target = get_target(cfg.target)
+    todo = [c for c in cells if not is_finished(c)]
+    foreground = cfg.target != "slurm"  # slurm's launcher hands the cells to jobs and leaves
+    with CellLocks([c.dir for c in todo]) if foreground else contextlib.nullcontext():
+        run_dir = write(cfg, cells, cells[0].cfg.run.id, manifest)
+        if manifest:
+            log.info(f"sweep of {len(cells)} cells ({cfg.sweep.scaling} scaling, target={cfg.target}) in {run_dir}")
+        for c in cells:
+            if c not in todo:
+                log.info(f"cell {c.name}: finished earlier, skipped")
+            elif not manifest:
+                log.info(f"cell {c.name}: {c.dir}")
+        return target.run(todo, run_dir) if todo else []
+
+
 def run_sweep(cfg: Config) -> int:
-    from launch import targets
-    cells = expand(cfg)
-    for c in cells:
-        targets.preflight(c.cfg)
-    check_existing(cells)
-    run_dir = write(cfg, cells)
-    print(f"[scaleout] sweep of {len(cells)} cells ({cfg.sweep.scaling} scaling, target={cfg.target}) in {run_dir}", flush=True)
-    if cfg.target == "local":
-        failed = run_local(cells)
-    else:
-        from launch.targets import submit_sweep
-        return submit_sweep(cfg, cells, run_dir)
+    rid = rundir.planned_run_id(cfg)
+    cells = expand(cfg, rid)
+    outcomes = execute(cfg, cells, manifest=True)
+    run_dir = rundir.run_dir(cfg)
+    if not all(o.final for o in outcomes):
+        log.info(f"follow with: scaleout status {run_dir}  |  scaleout logs {run_dir} CELL --follow  |  scaleout report {run_dir}")
+        return 0
     from launch import report
     out = report.write(run_dir)
-    print(f"[scaleout] report: {out['md']}", flush=True)
-    print(f"[scaleout] plots:  {', '.join(str(p) for p in out['plots'])}", flush=True)
+    log.info(f"report: {out['md']}")
+    log.info(f"plots:  {', '.join(str(p) for p in out['plots'])}")
+    failed = [o.cell for o in outcomes if o.state == "failed"]
     if failed:
-        print(f"[scaleout] {len(failed)} cell(s) failed: {', '.join(failed)} (see the report and <cell>/logs/)", flush=True)
+        log.info(f"{len(failed)} cell(s) failed: {', '.join(failed)} (see the report and <cell>/logs/)")
     return 1 if failed else 0
 
 
-def run_local(cells: List[Cell]) -> List[str]:
-    from launch.runner import run_cell
-    failed = []
-    for i, c in enumerate(cells, 1):
-        if is_finished(c):
-            print(f"[scaleout] cell {i}/{len(cells)} {c.name}: finished earlier, skipped", flush=True)
-            continue
-        print(f"[scaleout] cell {i}/{len(cells)} {c.name}: {c.framework} on {c.devices} device(s), "
-              f"global batch {c.cfg.train.global_batch}", flush=True)
-        code = run_cell(rundir.cell_config(c.cfg, c.name), c.dir)
-        if code:
-            failed.append(c.name)
-    return failed
+def run_single(cfg: Config) -> int:
+    rid = rundir.planned_run_id(cfg)
+    outcomes = execute(cfg, single(cfg, rid), manifest=False)
+    if not outcomes:
+        return 0
+    o = outcomes[0]
+    if o.state == "submitted":
+        run_dir = rundir.run_dir(cfg)
+        log.info(f"follow with: scaleout status {run_dir}  |  scaleout logs {run_dir} {o.cell} --follow")
+    return o.code

@@ -6,7 +6,7 @@ import json
 import pytest
 import yaml
 
-from launch import config, report, sweep
+from launch import config, report, rundir, sweep
 from launch.config import ConfigError
 
 from conftest import run_cli
@@ -151,7 +151,8 @@ def test_local_sweep_end_to_end(tmp_path):
 def test_sweep_refuses_reusing_a_run_dir_with_other_math(tmp_path):
     base = ["sweep", f"run.dir={tmp_path}/runs", "sweep.devices=[1]", "run.name=x"]
     cfg = config.load(base[1:])
-    sweep.write(cfg, sweep.expand(cfg))
+    rid = rundir.planned_run_id(cfg)
+    sweep.write(cfg, sweep.expand(cfg, rid), rid, manifest=True)
     p = run_cli([*base, "model.n_layers=3"], cwd=tmp_path)
     assert p.returncode == 2 and "already holds cell jax-d1 with a different config" in p.stderr
 

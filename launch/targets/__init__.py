@@ -1,30 +1,21 @@
-"""Targets start a cell's trainer processes: local (subprocesses), slurm (submitit), tpu (gcloud).
+"""Targets start written cells on machines: local (subprocesses), slurm (submitit), tpu (gcloud).
 
-Each target module offers `plan_commands(cfg, cell_dir) -> list[str]`: exactly what it would run,
-for `scaleout plan`, with nothing started.
+Each implements `launch.targets.base.Target`; `get(name)` returns one. The modules are imported
+on demand, so `scaleout plan` and `report` load only what they use.
 """
 
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
-from typing import List
 
-from launch.schema import Config
+from launch.targets.base import Cell, JobInfo, Outcome, Target
 
+NAMES = {"local": "LocalTarget", "slurm": "SlurmTarget", "tpu": "TpuTarget"}
 
-def plan_commands(cfg: Config, cell_dir: Path) -> List[str]:
-    module = importlib.import_module(f"launch.targets.{cfg.target}")
-    return module.plan_commands(cfg, cell_dir)
+__all__ = ["Cell", "JobInfo", "Outcome", "Target", "get", "NAMES"]
 
 
-def preflight(cfg: Config) -> None:
-    """Target checks that must pass before anything is written (ConfigError / SubmitError)."""
-    module = importlib.import_module(f"launch.targets.{cfg.target}")
-    if hasattr(module, "preflight"):
-        module.preflight(cfg)
-
-
-def submit_sweep(cfg: Config, cells, run_dir: Path) -> int:
-    module = importlib.import_module(f"launch.targets.{cfg.target}")
-    return module.submit_sweep(cfg, cells, run_dir)
+def get(name: str) -> Target:
+    """The target called `name` (one of NAMES; the config has already checked it)."""
+    module = importlib.import_module(f"launch.targets.{name}")
+    return getattr(module, NAMES[name])()

@@ -9,44 +9,36 @@ it; the request prints as the exact commands.
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import socket
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
-from launch.rundir import CONFIG_NAME
+from launch import envvars, files
 from launch.schema import Config
 from launch.targets import procs
+from launch.targets.base import Cell, ForegroundTarget, Outcome, exit_code
 
-
-@dataclass
-class ProcessSpec:
-    name: str
-    argv: List[str]
-    env: Dict[str, str]  # added to the parent's environment
-
-    def __str__(self) -> str:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
-        return (env + " " if env else "") + shlex.join(self.argv)
+log = logging.getLogger(__name__)
+TRAINER_MODULES = {"jax": "jaxrun", "torch": "torchrun_fsdp"}
 
 
 @dataclass
 class LocalRequest:
     cell_dir: Path
-    processes: List[ProcessSpec]
+    processes: List[procs.Spec]
 
     def __str__(self) -> str:
-        return "\n".join(str(p) for p in self.processes)
+        return "\n".join(_command(p) for p in self.processes)
 
 
-@dataclass
-class LocalResult:
-    returncode: int
-    failed: Optional[str] = None  # name of the first process that failed
-    tail: List[str] = field(default_factory=list)  # its last output lines
+def _command(p: procs.Spec) -> str:
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in p.env.items())
+    return (env + " " if env else "") + shlex.join(p.argv)
 
 
 def free_port() -> int:
@@ -55,42 +47,49 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def threads_per_process(cfg: Config, processes: int) -> int:
-    if cfg.local.threads > 0:
-        return cfg.local.threads
-    return max(1, (os.cpu_count() or 1) // processes)
-
-
 def build(cfg: Config, cell_dir: Path, port: Optional[int] = None) -> LocalRequest:
-    config_path = str(cell_dir / CONFIG_NAME)
-    base_env = {"PYTHONUNBUFFERED": "1"}
+    from launch.engine import threads_per_process
+    config_path = str(cell_dir / files.CONFIG_NAME)
+    base_env = {"PYTHONUNBUFFERED": "1", envvars.DISTRIBUTED: "local"}
     if cfg.framework == "torch":
-        threads = threads_per_process(cfg, cfg.devices)
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.devices}",
-                "-m", "torchrun_fsdp", "--config", config_path]
-        return LocalRequest(cell_dir, [ProcessSpec("torchrun", argv, {**base_env, "OMP_NUM_THREADS": str(threads)})])
-    procs = cfg.local.processes
-    per_proc = cfg.devices // procs
-    argv = [sys.executable, "-m", "jaxrun", "--config", config_path]
-    env = {**base_env, "XLA_FLAGS": f"--xla_force_host_platform_device_count={per_proc}"}
-    if procs == 1:
-        return LocalRequest(cell_dir, [ProcessSpec("jax", argv, env)])
+                "-m", TRAINER_MODULES["torch"], "--config", config_path]
+        env = {**base_env, "OMP_NUM_THREADS": str(threads_per_process(cfg, cfg.devices))}
+        return LocalRequest(cell_dir, [procs.Spec("torchrun", argv, env)])
+    n = cfg.local.processes
+    argv = [sys.executable, "-m", TRAINER_MODULES["jax"], "--config", config_path]
+    env = {**base_env, "XLA_FLAGS": f"--xla_force_host_platform_device_count={cfg.devices // n}"}
+    if n == 1:
+        return LocalRequest(cell_dir, [procs.Spec("jax", argv, env)])
     port = port or free_port()
-    specs = []
-    for i in range(procs):
-        penv = {**env, "SCALEOUT_COORDINATOR": f"127.0.0.1:{port}", "SCALEOUT_NUM_PROCESSES": str(procs),
-                "SCALEOUT_PROCESS_ID": str(i)}
-        specs.append(ProcessSpec(f"p{i}", argv, penv))
-    return LocalRequest(cell_dir, specs)
+    return LocalRequest(cell_dir, [
+        procs.Spec(f"p{i}", argv, {**env, envvars.COORDINATOR: f"127.0.0.1:{port}", envvars.NUM_PROCESSES: str(n),
+                                   envvars.PROCESS_ID: str(i)}, prefix=f"[p{i}] ")
+        for i in range(n)])
 
 
-def plan_commands(cfg: Config, cell_dir: Path) -> List[str]:
-    return [str(p) for p in build(cfg, cell_dir, port=29500 if cfg.local.processes > 1 else None).processes]
+class LocalTarget(ForegroundTarget):
+    name = "local"
+
+    def plan_commands(self, cfg: Config, cell_dir: Path) -> List[str]:
+        return [_command(p) for p in build(cfg, cell_dir, port=29500 if cfg.local.processes > 1 else None).processes]
+
+    def run(self, cells: Sequence[Cell], run_dir: Path) -> List[Outcome]:
+        outcomes = []
+        for i, c in enumerate(cells, 1):
+            if len(cells) > 1:
+                log.info(f"cell {i}/{len(cells)} {c.name}: {c.framework} on {c.devices} device(s), "
+                         f"global batch {c.cfg.train.global_batch}")
+            outcomes.append(run_cell(c))
+        return outcomes
 
 
-def launch(request: LocalRequest, echo: bool = True) -> LocalResult:
-    """Run the processes, stream their output (also to <cell>/logs/), stop all when one fails."""
-    multi = len(request.processes) > 1
-    specs = [procs.Spec(p.name, p.argv, p.env, f"[{p.name}] " if multi else "") for p in request.processes]
-    r = procs.run_group(specs, request.cell_dir / "logs", echo=echo)
-    return LocalResult(r.returncode, r.failed, r.tail)
+def run_cell(c: Cell) -> Outcome:
+    """Run one written cell's processes in the foreground and wait."""
+    r = procs.run_group(build(c.cfg, c.dir).processes, c.dir / files.LOGS_DIR,
+                        env={envvars.PARENT_PID: str(os.getpid())})
+    if not r.returncode:
+        return Outcome(c.name, "ok")
+    code = exit_code(r.returncode)
+    procs.report_failure(f"cell {c.name} failed: process {r.failed} {procs.describe_exit(r.returncode)}", r.tail)
+    return Outcome(c.name, "failed", code, f"process {r.failed} {procs.describe_exit(r.returncode)}")

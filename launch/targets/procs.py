@@ -3,20 +3,44 @@
 Used by the local target (trainer processes) and the TPU target (one `gcloud ... ssh` per
 worker). A peer's failure makes the others fail too (closed connections, an aborted runtime), so
 the failure reported is the process that ended first, preferring an error of its own (a positive
-exit code) over death by a signal.
+exit code) over death by a signal. Each process gets its own session, so stopping it stops its
+children too (torchrun's workers); SIGTERM first, SIGKILL after a grace period, so a hung
+process cannot keep the group alive. If the launcher itself is interrupted (Ctrl-C, SIGTERM),
+the group is stopped the same way before the interruption propagates.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Deque, Dict, List, Optional
+
+log = logging.getLogger(__name__)
+TAIL_LINES = 200
+GRACE_S = 10.0
+
+
+class Terminated(BaseException):
+    """The launcher received SIGTERM (raised by the handler `install_sigterm` installs)."""
+
+    def __init__(self, signum: int = signal.SIGTERM):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def install_sigterm() -> None:
+    """Turn SIGTERM into `Terminated`, so that `finally` blocks stop children and delete resources."""
+    def handler(signum, frame):
+        raise Terminated(signum)
+    signal.signal(signal.SIGTERM, handler)
 
 
 @dataclass
@@ -35,16 +59,18 @@ class Result:
 
 
 def _pump(proc: subprocess.Popen, prefix: str, log_path: Path, tail: Deque[str], echo: bool) -> None:
-    with open(log_path, "a", buffering=1) as log:
+    with open(log_path, "a", buffering=1) as out:
         for raw in iter(proc.stdout.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
             tail.append(line)
-            log.write(line + "\n")
+            out.write(line + "\n")
             if echo:
-                print(prefix + line, flush=True)
+                sys.stdout.write(prefix + line + "\n")
+                sys.stdout.flush()
 
 
-def stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+def stop(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
+    """SIGTERM the process's group, SIGKILL it if it has not ended after `grace_s`."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=grace_s)
@@ -54,23 +80,26 @@ def stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
         except ProcessLookupError:
             pass
         proc.wait()
+    try:  # members of the group that outlived its leader (torchrun's workers)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def run_group(specs: List[Spec], log_dir: Path, echo: bool = True,
-              on_failure: Optional[Callable[[], None]] = None) -> Result:
+              on_failure: Optional[Callable[[], None]] = None, env: Optional[Dict[str, str]] = None) -> Result:
     log_dir.mkdir(parents=True, exist_ok=True)
     running = []
     ended: Dict[int, float] = {}
-    for spec in specs:
-        proc = subprocess.Popen(spec.argv, env={**os.environ, **spec.env}, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        tail: Deque[str] = deque(maxlen=40)
-        t = threading.Thread(target=_pump, args=(proc, spec.prefix, log_dir / f"{spec.name}.log", tail, echo), daemon=True)
-        t.start()
-        threading.Thread(target=lambda p=proc: (p.wait(), ended.setdefault(p.pid, time.monotonic())), daemon=True).start()
-        running.append((spec, proc, t, tail))
-    result = Result(0)
     try:
+        for spec in specs:
+            proc = subprocess.Popen(spec.argv, env={**os.environ, **(env or {}), **spec.env}, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            tail: Deque[str] = deque(maxlen=TAIL_LINES)
+            t = threading.Thread(target=_pump, args=(proc, spec.prefix, log_dir / f"{spec.name}.log", tail, echo), daemon=True)
+            t.start()
+            threading.Thread(target=lambda p=proc: (p.wait(), ended.setdefault(p.pid, time.monotonic())), daemon=True).start()
+            running.append((spec, proc, t, tail))
         while True:
             codes = [p.poll() for _, p, _, _ in running]
             if any(c not in (None, 0) for c in codes):
@@ -79,19 +108,37 @@ def run_group(specs: List[Spec], log_dir: Path, echo: bool = True,
                 failed.sort(key=lambda r: (r[1].returncode < 0, ended.get(r[1].pid, float("inf"))))
                 spec, proc, t, tail = failed[0]
                 t.join(timeout=5)
-                result = Result(proc.returncode, spec.name, list(tail))
                 if on_failure is not None:
                     on_failure()
-                break
+                return Result(proc.returncode, spec.name, list(tail))
             if all(c == 0 for c in codes):
-                break
+                return Result(0)
             time.sleep(0.1)
-    except KeyboardInterrupt:
-        result = Result(130, "interrupted")
     finally:
         for _, proc, _, _ in running:
-            if proc.poll() is None:
-                stop(proc)
+            stop(proc)
         for _, _, t, _ in running:
             t.join(timeout=5)
-    return result
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+def error_lines(tail: List[str], n: int = 6) -> List[str]:
+    """The lines that say why a process failed: the trainer's own error lines if it printed any
+    (torchrun's boilerplate follows them), else the last lines of its output."""
+    lines = [line for line in tail if line.strip()]
+    own = [line for line in lines if "[scaleout] error" in line]
+    if own:
+        return list(dict.fromkeys(own))[-n:]
+    return lines[-n:]
+
+
+def report_failure(headline: str, tail: List[str]) -> None:
+    log.error(headline + "".join(f"\n  | {line}" for line in error_lines(tail)))

@@ -1,54 +1,51 @@
 """The SLURM target, through submitit.
 
 One task per device: `tasks_per_node = min(devices, slurm.devices_per_node)`, `nodes = devices /
-tasks_per_node`. Each task runs `CellJob`, a small picklable callable that starts the cell's
-trainer as a child process with the rendezvous the trainer expects: PyTorch gets it from
-`submitit.helpers.TorchDistributedEnvironment().export()`, JAX from
-`jax.distributed.initialize()`'s own SLURM detection. Cells with the same resource shape go into
-one job array (`executor.batch()`); job ids are recorded in `<run>/jobs.json`.
+tasks_per_node`. Each task runs `launch.targets.slurm_job.CellJob`. Cells with the same resource
+shape go into one job array (`executor.batch()`); job ids are recorded in `<run>/jobs.json`
+(`launch.targets.slurm_queue`).
 
-Preemption and time limits: SLURM sends USR2 to the tasks (submitit asks for it 90 s before the
-limit). Every trainer process finishes its current step; the processes agree to stop at the same
-step, save a checkpoint and exit; task 0's `CellJob.checkpoint()` waits for that, then submitit
-requeues the job, and the requeued trainer resumes from the checkpoint. After
-`slurm.max_requeues` time-outs the job ends with status "timed out".
+One code path renders and submits: `build_executor(cfg, folder)` makes the submitit executor
+both for `scaleout plan` (which prints the script the executor renders) and for submission, and
+before anything is written `sbatch --test-only` is asked whether the cluster would take that
+script, so a refusal is one sentence from sbatch itself and nothing has been submitted.
 
-Everything that lands in the sbatch script is checked or quoted: submitit quotes `#SBATCH` values;
-names must be one line of SLURM-name characters; each `slurm.setup` entry becomes exactly one
-command whose words are quoted (no `;`, `$(...)` or expansion reaches the shell).
+Everything that lands in the sbatch script is checked or quoted: submitit quotes `#SBATCH`
+values; names must be one line of SLURM-name characters; each `slurm.setup` entry becomes exactly
+one command whose words are quoted (no `;`, `$(...)` or expansion reaches the shell).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import tempfile
+import logging
 import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from launch import files
 from launch.config import ConfigError
-from launch.targets.errors import SubmitError
-from launch.rundir import CONFIG_NAME
 from launch.schema import Config
+from launch.targets import slurm_queue as queue
+from launch.targets.base import Cell, JobInfo, Outcome
+from launch.targets.errors import SubmitError
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_.,:=+@%/\-\[\]&|*!]+$")  # partitions, accounts, QOS, constraints, features
-KEY_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
-JOBS_FILE = "jobs.json"
-MODULES = {"jax": "jaxrun", "torch": "torchrun_fsdp"}
+log = logging.getLogger(__name__)
+NAME_RE = re.compile(r"[A-Za-z0-9_.,:=+@%/\-\[\]&|*!]+")  # partitions, accounts, QOS, constraints, features
+KEY_RE = re.compile(r"[a-z][a-z0-9_-]*")
+FOLDER = "slurm"  # <run>/slurm/<job id>/: submitit's pickles and the tasks' logs
 
 
 # --------------------------------------------------------------------------- validation + parameters
 
 def _check_name(key: str, value: Optional[str]) -> None:
-    if value is not None and not NAME_RE.match(str(value)):
+    if value is not None and not NAME_RE.fullmatch(str(value)):
         raise ConfigError(f"{key}={value!r} is not valid: SLURM names are one line of letters, digits and -_.,:=+@%/[]&|*! "
                           "(no spaces, quotes, ;, $ or newlines).")
 
@@ -76,325 +73,211 @@ def setup_lines(cfg: Config) -> List[str]:
 
 
 def executor_params(cfg: Config) -> Dict[str, Any]:
+    """The parameters of submitit's SlurmExecutor for this cell (sbatch's own names)."""
     s = cfg.slurm
     for key in ("partition", "account", "qos", "constraint"):
         _check_name(f"slurm.{key}", getattr(s, key))
     extra = {}
     for k, v in s.additional.items():
-        if not KEY_RE.match(str(k)):
+        if not KEY_RE.fullmatch(str(k)):
             raise ConfigError(f"slurm.additional key {k!r} is not valid: sbatch options are lower-case words like 'reservation'.")
         if v is not True:
             _check_name(f"slurm.additional.{k}", str(v))
         extra[k] = v
     nodes, per_node = shape(cfg)
     params: Dict[str, Any] = {
-        "slurm_job_name": f"scaleout-{cfg.run.name}",
-        "timeout_min": s.time_min,
+        "job_name": f"scaleout-{cfg.run.name}",
+        "time": s.time_min,
         "nodes": nodes,
-        "tasks_per_node": per_node,
+        "ntasks_per_node": per_node,
         "cpus_per_task": s.cpus_per_task,
-        "slurm_setup": setup_lines(cfg),
+        "setup": setup_lines(cfg),
     }
     if s.gpus_per_node:
         params["gpus_per_node"] = s.gpus_per_node
     if s.mem_gb:
-        params["mem_gb"] = s.mem_gb
+        params["mem"] = f"{s.mem_gb}GB"
     for key in ("partition", "account", "qos", "constraint"):
         if getattr(s, key):
-            params[f"slurm_{key}"] = getattr(s, key)
+            params[key] = getattr(s, key)
     if s.exclusive:
-        params["slurm_exclusive"] = True
+        params["exclusive"] = True
+    params["signal_delay_s"] = s.signal_delay_s
+    params["wckey"] = s.wckey or None  # None: no --wckey line (submitit would send --wckey=submitit)
     if extra:
-        params["slurm_additional_parameters"] = extra
+        params["additional_parameters"] = extra
     return params
 
 
 def resource_key(cfg: Config) -> str:
+    """Cells with equal keys can share one job array."""
     p = executor_params(cfg)
-    p.pop("slurm_job_name", None)
-    return json.dumps(p, sort_keys=True)
+    p.pop("job_name", None)
+    return repr(sorted(p.items()))
 
 
-def _executor(cfg: Config, folder: Path):
+def _python(cfg: Config) -> str:
+    return shlex.quote(cfg.slurm.python or sys.executable)
+
+
+def build_executor(cfg: Config, folder: Path):
+    """The submitit executor of a cell: used to render the plan and to submit (one code path)."""
     import submitit
-    ex = submitit.AutoExecutor(folder=str(folder), cluster="slurm", slurm_python=cfg.slurm.python or sys.executable,
-                               slurm_max_num_timeout=cfg.slurm.max_requeues)
+
+    class Executor(submitit.SlurmExecutor):
+        """submitit's SlurmExecutor, but rendering its script does not need `srun` on this machine
+        (`scaleout plan target=slurm` works anywhere; submitting still needs sbatch: preflight)."""
+
+        @classmethod
+        def affinity(cls) -> int:
+            return 2
+
+    ex = Executor(folder=str(folder), max_num_timeout=cfg.slurm.max_requeues, python=_python(cfg))
     ex.update_parameters(**executor_params(cfg))
     return ex
 
 
 def render_script(cfg: Config, folder: Path) -> str:
-    """The exact sbatch script submitit would submit for this cell (rendered by submitit)."""
-    import submitit
-    ex = submitit.SlurmExecutor(folder=str(folder), python=cfg.slurm.python or sys.executable)
-    auto = _executor_params_for_slurm_executor(cfg)
-    ex.update_parameters(**auto)
-    return ex._make_submission_file_text(ex._submitit_command_str, "plan")
+    """The sbatch script the cell's executor submits (submitit's own rendering of it)."""
+    ex = build_executor(cfg, folder)
+    return ex._make_submission_file_text(ex._submitit_command_str, "plan")  # the method submit() itself uses
 
-
-def _executor_params_for_slurm_executor(cfg: Config) -> Dict[str, Any]:
-    """AutoExecutor names -> SlurmExecutor names (what AutoExecutor does internally)."""
-    out = {}
-    for k, v in executor_params(cfg).items():
-        if k == "timeout_min":
-            out["time"] = v
-        elif k == "tasks_per_node":
-            out["ntasks_per_node"] = v
-        elif k == "mem_gb":
-            out["mem"] = f"{v}GB"
-        elif k.startswith("slurm_"):
-            out[k[len("slurm_"):]] = v
-        else:
-            out[k] = v
-    return out
-
-
-def preflight(cfg: Config) -> None:
-    executor_params(cfg)
-    check_sbatch()
-
-
-def plan_commands(cfg: Config, cell_dir: Path) -> List[str]:
-    return [render_script(cfg, cell_dir.parent / "slurm" / "%j")]
-
-
-# --------------------------------------------------------------------------- the job
-
-class CellJob:
-    """Runs one cell's trainer in a SLURM task; picklable, checkpointable (submitit requeues it)."""
-
-    def __init__(self, cell_dir: str, framework: str):
-        self.cell_dir, self.framework = cell_dir, framework
-        self._child: Optional[subprocess.Popen] = None
-
-    def __getstate__(self):
-        return {"cell_dir": self.cell_dir, "framework": self.framework}
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._child = None
-
-    def __call__(self) -> Dict[str, Any]:
-        import submitit
-        env = dict(os.environ)
-        if self.framework == "torch":
-            dist_env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
-            env.update({k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                                                  "MASTER_ADDR", "MASTER_PORT") if k in os.environ})
-            rank = dist_env.rank
-        else:
-            rank = submitit.JobEnvironment().global_rank
-        env["PYTHONUNBUFFERED"] = "1"
-        env["SCALEOUT_DISTRIBUTED"] = "slurm"
-        if self.framework == "jax" and not os.environ.get("SLURM_STEP_GPUS") and not os.environ.get("CUDA_VISIBLE_DEVICES"):
-            # one task per device: on a CPU node each task is one JAX CPU device
-            flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
-            env["XLA_FLAGS"] = " ".join(flags + ["--xla_force_host_platform_device_count=1"])
-        argv = [sys.executable, "-m", MODULES[self.framework], "--config", str(Path(self.cell_dir) / CONFIG_NAME)]
-        self._child = subprocess.Popen(argv, env=env)
-        submitit_handler = signal.getsignal(signal.SIGUSR2)
-
-        def forward(signum, frame):  # every task tells its trainer; task 0 then checkpoints and requeues
-            self._signal_child()
-            if callable(submitit_handler):
-                submitit_handler(signum, frame)
-
-        signal.signal(signal.SIGUSR2, forward)
-        while self._child.poll() is None:  # poll, not wait(): the signal handler must be able to reap the child
-            time.sleep(0.2)
-        code = self._child.returncode
-        if code:
-            raise RuntimeError(f"the {self.framework} trainer (task {rank}) exited with code {code}; see {self.cell_dir}/metrics.jsonl")
-        summary = _last_summary(Path(self.cell_dir))
-        return {"status": summary.get("status") if summary else None, "steps": summary.get("steps") if summary else None}
-
-    def checkpoint(self, *args, **kwargs):
-        """USR2 (preemption / time limit): the trainer saves after its current step and exits; then requeue."""
-        import submitit
-        self._signal_child()
-        deadline = time.monotonic() + float(os.environ.get("SCALEOUT_SAVE_TIMEOUT_S", "80"))
-        while self._child is not None and self._child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        counter = Path(self.cell_dir) / "requeues"
-        n = int(counter.read_text()) + 1 if counter.is_file() else 1
-        counter.write_text(str(n))
-        return submitit.helpers.DelayedSubmission(CellJob(self.cell_dir, self.framework))
-
-
-    def _signal_child(self) -> None:
-        if self._child is not None and self._child.poll() is None:
-            try:
-                self._child.send_signal(signal.SIGUSR2)
-            except ProcessLookupError:
-                pass
-
-
-def _last_summary(cell_dir: Path) -> Optional[Dict[str, Any]]:
-    from launch import metrics
-    from launch.rundir import METRICS_NAME
-    recs = [r for r in metrics.read(cell_dir / METRICS_NAME) if r.get("kind") == "summary"]
-    return recs[-1] if recs else None
-
-
-# --------------------------------------------------------------------------- submission
 
 def check_sbatch() -> None:
     if shutil.which("sbatch") is None:
         raise SubmitError("sbatch is not on PATH: target=slurm must run on a SLURM login node (or use target=local).")
 
 
-@contextlib.contextmanager
-def _captured_stderr():
-    """sbatch writes its refusal to our stderr (fd 2); keep it for the one-sentence error instead."""
-    with tempfile.NamedTemporaryFile("w+", suffix=".err", delete=False) as tmp:
-        path = Path(tmp.name)
-    saved = os.dup(2)
-    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
-    sys.stderr.flush()
-    os.dup2(fd, 2)
-    try:
-        yield path
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(fd)
+def sbatch_refusal(text: str) -> str:
+    """The most telling line of sbatch's complaint."""
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    errors = [l for l in lines if l.lower().startswith("sbatch: error") and "submission failed" not in l.lower()]
+    failures = [l for l in lines if l.lower().startswith(("allocation failure", "sbatch: error"))]
+    return (errors or failures or lines or ["no reason given"])[0]
 
 
-def _sbatch_refusal(e: Exception) -> str:
-    text = str(e)
-    lines = [l.strip() for l in text.splitlines() if l.strip().lower().startswith("sbatch: error")]
-    if lines:  # "sbatch: error: invalid partition specified: x" is more telling than "Batch job submission failed"
-        specific = [l for l in lines if "submission failed" not in l.lower()]
-        return (specific or lines)[0]
-    return text.strip().splitlines()[-1] if text.strip() else type(e).__name__
+def test_submit(cfg: Config, folder: Path, cell: str) -> None:
+    """`sbatch --test-only` on the cell's script: the cluster's verdict, nothing submitted."""
+    with tempfile.TemporaryDirectory(prefix="scaleout-sbatch-") as tmp:
+        script = Path(tmp) / "job.sh"
+        script.write_text(render_script(cfg, folder))
+        p = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=60)
+    if p.returncode:
+        raise SubmitError(f"sbatch refused the job for cell {cell}: {sbatch_refusal(p.stderr + p.stdout)}")
 
 
-def submit_cells(cfg: Config, cells, run_dir: Path) -> Dict[str, str]:
+# --------------------------------------------------------------------------- the target
+
+class SlurmTarget:
+    name = "slurm"
+
+    def __init__(self) -> None:
+        self._tested: set = set()  # resource shapes sbatch --test-only already accepted
+
+    def validate(self, cfg: Config) -> None:
+        executor_params(cfg)
+
+    def preflight(self, cfg: Config) -> None:
+        check_sbatch()
+        key = resource_key(cfg)
+        if key not in self._tested:
+            test_submit(cfg, Path(tempfile.gettempdir()) / FOLDER / "%j", f"{cfg.framework}-d{cfg.devices}")
+            self._tested.add(key)
+
+    def plan_commands(self, cfg: Config, cell_dir: Path) -> List[str]:
+        return [render_script(cfg, cell_dir.parent / FOLDER / "%j")]
+
+    def run(self, cells: Sequence[Cell], run_dir: Path) -> List[Outcome]:
+        ids = submit(cells, run_dir)
+        for name, job_id in ids.items():
+            log.info(f"cell {name}: submitted as SLURM job {job_id}")
+        cfg = cells[0].cfg
+        if not cfg.slurm.wait:
+            return [Outcome(c.name, "submitted", 0, f"job {ids[c.name]}") for c in cells]
+        self.wait(run_dir)
+        jobs = self.jobs(run_dir)
+        out = []
+        for c in cells:
+            s = files.last_summary(c.dir) or {}
+            ok = s.get("status") == "ok" and (s.get("steps") or 0) >= c.cfg.train.steps
+            out.append(Outcome(c.name, "ok" if ok else "failed", 0 if ok else 1, jobs[c.name].state if c.name in jobs else ""))
+        return out
+
+    def jobs(self, run_dir: Path) -> Dict[str, JobInfo]:
+        recorded = queue.read_jobs(run_dir)
+        ids = [j["job_id"] for j in recorded.values()]
+        live = queue.squeue_states(ids)
+        gone = [i for i in ids if i not in live]
+        final = queue.sacct_states(gone)
+        out = {}
+        for name, j in recorded.items():
+            job_id = j["job_id"]
+            requeues = files.read_int(Path(run_dir) / name / files.REQUEUES_FILE)
+            if job_id in live:
+                state = live[job_id]
+                out[name] = JobInfo(job_id, state, True, pending=state.split()[0] in queue.LIVE_PENDING, requeues=requeues)
+                continue
+            result = queue.result_of(j["folder"], job_id)
+            error = result[0] == "error" if result else False
+            text = str(result[1]) if error else ""
+            state = final.get(job_id) or ("CANCELLED" if j.get("cancelled") else "FAILED" if error
+                                          else "COMPLETED" if result else "ENDED")
+            info = JobInfo(job_id, state, False, requeues=requeues, timed_out="timed-out too many times" in text)
+            if error:
+                info.error = [l for l in text.splitlines() if l.strip()][-4:]
+            out[name] = info
+        return out
+
+    def log_files(self, run_dir: Path, cell: str) -> List[Path]:
+        j = queue.read_jobs(run_dir).get(cell)
+        if not j:
+            return []
+        from launch import config as config_mod
+        tasks = config_mod.load_resolved(Path(run_dir) / cell / files.CONFIG_NAME).devices
+        paths: List[Path] = []
+        for job_id in j.get("history", [j["job_id"]]):
+            paths += queue.log_paths(j["folder"], job_id, tasks)
+        return paths
+
+    def cancel(self, run_dir: Path, cells: Sequence[str]) -> Dict[str, str]:
+        jobs = self.jobs(run_dir)
+        live = {c: jobs[c].job_id for c in cells if c in jobs and jobs[c].live}
+        queue.scancel(list(live.values()))
+        queue.mark_cancelled(run_dir, list(live))
+        out = {c: f"cancelled job {live[c]}" for c in live}
+        out.update({c: f"job {jobs[c].job_id} had already ended ({jobs[c].state})" for c in cells if c in jobs and c not in live})
+        return out
+
+    def wait(self, run_dir: Path, poll_s: float = 5.0, timeout_s: Optional[float] = None) -> None:
+        start = time.monotonic()
+        ids = [j["job_id"] for j in queue.read_jobs(run_dir).values()]
+        while queue.squeue_states(ids):
+            if timeout_s is not None and time.monotonic() - start > timeout_s:
+                raise TimeoutError(f"jobs of {run_dir} still queued after {timeout_s:.0f} s")
+            time.sleep(poll_s)
+
+
+def submit(cells: Sequence[Cell], run_dir: Path) -> Dict[str, str]:
     """Submit every cell; cells of one resource shape share a job array. Returns {cell: job id}."""
+    from launch.targets.slurm_job import CellJob
     check_sbatch()
-    groups: Dict[str, list] = {}
+    groups: Dict[str, List[Cell]] = {}
     for c in cells:
         groups.setdefault(resource_key(c.cfg), []).append(c)
-    folder = run_dir / "slurm" / "%j"
+    folder = Path(run_dir) / FOLDER / "%j"
     ids: Dict[str, str] = {}
-    for group in groups.values():
-        ex = _executor(group[0].cfg, folder)
-        try:
-            with _captured_stderr() as err, ex.batch():
-                jobs = [ex.submit(CellJob(str(c.dir), c.framework)) for c in group]
-        except Exception as e:  # submitit wraps sbatch's refusal (FailedJobError / CalledProcessError)
-            if ids:
-                _record(run_dir, ids, folder)
-            reason = _sbatch_refusal(Exception(err.read_text() + "\n" + str(e)))
-            raise SubmitError(f"sbatch refused the job for cell(s) {', '.join(c.name for c in group)}: {reason}") from None
-        for c, job in zip(group, jobs):
-            ids[c.name] = job.job_id
-    _record(run_dir, ids, folder)
-    return ids
-
-
-def _record(run_dir: Path, ids: Dict[str, str], folder: Path) -> None:
-    path = run_dir / JOBS_FILE
-    data = json.loads(path.read_text()) if path.is_file() else {"cells": {}}
-    for name, job_id in ids.items():
-        history = data["cells"].get(name, {}).get("history", [])
-        data["cells"][name] = {"target": "slurm", "job_id": job_id, "folder": str(folder), "history": history + [job_id]}
-    tmp = path.with_name(JOBS_FILE + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
-
-
-def submit_sweep(cfg: Config, cells, run_dir: Path) -> int:
-    from launch.sweep import is_finished
-    todo = [c for c in cells if not is_finished(c)]
-    for c in cells:
-        if c not in todo:
-            print(f"[scaleout] cell {c.name}: finished earlier, skipped", flush=True)
-    if not todo:
-        return _after(cfg, run_dir, {})
-    ids = submit_cells(cfg, todo, run_dir)
-    for name, job_id in ids.items():
-        print(f"[scaleout] cell {name}: submitted as SLURM job {job_id}", flush=True)
-    return _after(cfg, run_dir, ids)
-
-
-def _after(cfg: Config, run_dir: Path, ids: Dict[str, str]) -> int:
-    if not cfg.slurm.wait:
-        print(f"[scaleout] follow with: scaleout status {run_dir}  |  scaleout logs {run_dir} CELL --follow  |  "
-              f"scaleout report {run_dir}", flush=True)
-        return 0
-    from launch import jobs, report
-    jobs.wait(run_dir)
-    out = report.write(run_dir)
-    print(f"[scaleout] report: {out['md']}", flush=True)
-    states = jobs.cell_states(run_dir)
-    failed = [s.cell for s in states if s.status != "ok"]
-    for s in states:
-        print(jobs.format_state(s), flush=True)
-    return 1 if failed else 0
-
-
-def run_cell(cell_cfg: Config, cell_dir: Path) -> int:
-    """`scaleout run target=slurm`: one cell, one job."""
-    from launch.sweep import Cell
-    cell = Cell(cell_dir.name, cell_cfg.framework, cell_cfg.devices, {}, cell_cfg, cell_dir)
-    return submit_sweep(cell_cfg, [cell], cell_dir.parent)
-
-
-# --------------------------------------------------------------------------- queries used by launch.jobs
-
-def squeue_states(job_ids: List[str]) -> Dict[str, str]:
-    if not job_ids or shutil.which("squeue") is None:
-        return {}
-    p = subprocess.run(["squeue", "-h", "-r", "-o", "%i %T %r", "-j", ",".join(job_ids)], capture_output=True, text=True)
-    out = {}
-    for line in p.stdout.splitlines():
-        parts = line.split(None, 2)
-        if len(parts) >= 2:
-            reason = parts[2] if len(parts) == 3 and parts[2] not in ("None", "(null)") else ""
-            out[parts[0]] = parts[1] + (f" ({reason})" if reason else "")
-    return out
-
-
-def sacct_states(job_ids: List[str]) -> Dict[str, str]:
-    """Final states from accounting; empty when accounting is disabled (common on small clusters)."""
-    if not job_ids or shutil.which("sacct") is None:
-        return {}
-    p = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)], capture_output=True, text=True)
-    if p.returncode:
-        return {}
-    out = {}
-    for line in p.stdout.splitlines():
-        parts = line.split("|")
-        if len(parts) == 2:
-            out[parts[0]] = parts[1].split()[0]
-    return out
-
-
-def result_of(folder: str, job_id: str) -> Optional[Tuple[str, Any]]:
-    """submitit's result pickle of task 0: ("success", value) or ("error", traceback text)."""
-    import pickle
-    from submitit.core.utils import JobPaths
-    path = JobPaths(folder, job_id=job_id, task_id=0).result_pickle
-    if not path.is_file():
-        return None
     try:
-        with open(path, "rb") as f:
-            return pickle.load(f)
-    except Exception:
-        return None
-
-
-def log_paths(folder: str, job_id: str, tasks: int) -> List[Path]:
-    from submitit.core.utils import JobPaths
-    out = []
-    for t in range(tasks):
-        p = JobPaths(folder, job_id=job_id, task_id=t)
-        out += [p.stdout, p.stderr]
-    return out
-
-
-def cancel(job_ids: List[str]) -> None:
-    if job_ids:
-        subprocess.run(["scancel", *job_ids], check=False)
+        for group in groups.values():
+            ex = build_executor(group[0].cfg, folder)
+            try:
+                with ex.batch():
+                    jobs = [ex.submit(CellJob(str(c.dir), c.framework, ex.parameters["signal_delay_s"]))
+                            for c in group]
+            except Exception as e:  # submitit wraps sbatch's refusal (FailedJobError / CalledProcessError)
+                raise SubmitError(f"sbatch refused the job for cell(s) {', '.join(c.name for c in group)}: "
+                                  f"{sbatch_refusal(str(e))}") from None
+            ids.update({c.name: job.job_id for c, job in zip(group, jobs)})
+    finally:
+        if ids:
+            queue.record(run_dir, ids, folder)
+    return ids
