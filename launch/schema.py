@@ -185,7 +185,11 @@ class SlurmConfig:
     wckey: Optional[str] = setting(None, "--wckey; null/empty omits it (submitit's default 'submitit' is never sent)")
     time_min: int = setting(60, "--time in minutes", ge=1)
     devices_per_node: int = setting(8, "tasks (one per device) on each node", ge=1)
-    gpus_per_node: int = setting(0, "--gpus-per-node; 0 on CPU clusters", ge=0)
+    gpus_per_node: int = setting(0, "GPUs on each node (GRES gpu); 0 on CPU clusters. A cell asks for one per task "
+                                 "on each node it uses, never a whole node's GPUs for a small cell", ge=0)
+    gpu_binding: str = setting("node", "node: every task sees its node's GPUs (--gpus-per-node) and uses the one of "
+                               "its local rank; task: SLURM gives each task its own GPU (--gpus-per-task=1)",
+                               choices=("node", "task"))
     cpus_per_task: int = setting(1, "--cpus-per-task", ge=1)
     mem_gb: Optional[int] = setting(None, "--mem in GB per node; null leaves it to the cluster", ge=1)
     constraint: Optional[str] = setting(None, "--constraint")

@@ -1,6 +1,8 @@
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -8,6 +10,45 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # In-process JAX tests see 4 simulated CPU devices (must be set before jax is imported).
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+
+
+def in_ci() -> bool:
+    """CI sets CI to a non-empty value (true, 1, yes...): tests that need a service must fail there, not skip."""
+    return bool(os.environ.get("CI", "").strip())
+
+
+def processes_mentioning(text: str):
+    """(pid, command line) of every process on the machine whose command line contains `text`."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmd = (Path("/proc") / pid / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd:
+            out.append((int(pid), cmd.strip()))
+    return out
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind(tmp_path):
+    """A test that leaves a process mentioning its tmp_path running fails, and those processes are killed
+    (by PID: nothing else on the machine is touched)."""
+    yield
+    deadline = time.monotonic() + 15  # a launcher's children may still be ending after their parent
+    left = processes_mentioning(str(tmp_path))
+    while left and time.monotonic() < deadline:
+        time.sleep(0.3)
+        left = processes_mentioning(str(tmp_path))
+    for pid, _ in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if left:
+        pytest.fail("processes left behind: " + "; ".join(f"{pid} {cmd[:160]}" for pid, cmd in left), pytrace=False)
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ import pytest
 
 from launch import config
 from launch.config import ConfigError
-from launch.targets import slurm
+from launch.targets import slurm, slurm_queue
 
-from conftest import losses, run_cli, run_cell, summary
+from conftest import in_ci, losses, run_cli, run_cell, summary
 
 CLUSTER = ["target=slurm", "slurm.gpus_per_node=0", "slurm.cpus_per_task=1", "slurm.time_min=10", "slurm.devices_per_node=2"]
 
@@ -24,7 +24,7 @@ CLUSTER = ["target=slurm", "slurm.gpus_per_node=0", "slurm.cpus_per_task=1", "sl
 def cluster():
     if shutil.which("sbatch") is None or subprocess.run(["sinfo", "-h"], capture_output=True).returncode != 0:
         msg = "no SLURM cluster here (sbatch/sinfo missing or not answering): run `bash scripts/slurm-local.sh start`"
-        if os.environ.get("CI") == "true":
+        if in_ci():
             pytest.fail(msg + " (CI must run these tests; .ci/run starts the cluster)")
         pytest.skip(msg)
     return True
@@ -74,6 +74,48 @@ def test_plan_prints_the_sbatch_script_submitit_renders(tmp_path, scaleout):
 def test_devices_must_fill_whole_nodes(scaleout):
     code, _, err = scaleout("plan", "target=slurm", "devices=12", "train.global_batch=24", "slurm.devices_per_node=8")
     assert code == 2 and "devices=12 does not fill whole nodes of slurm.devices_per_node=8" in err
+
+
+def test_small_cells_ask_for_their_own_gpus_only(tmp_path):
+    """A 2-device cell on 8-GPU nodes asks for 2 GPUs, not the node's 8 (issue 12.2); per-task binding asks one per task."""
+    base = ["target=slurm", "slurm.gpus_per_node=8", "slurm.devices_per_node=8"]
+    script = slurm.render_script(config.load([*base, "devices=2"]), tmp_path / "%j")
+    assert "#SBATCH --gpus-per-node=2" in script and "--gpus-per-node=8" not in script
+    script = slurm.render_script(config.load([*base, "devices=16", "train.global_batch=16", "slurm.gpu_binding=task"]), tmp_path / "%j")
+    assert "#SBATCH --gpus-per-task=1" in script and "--gpus-per-node" not in script
+    with pytest.raises(ConfigError, match=r"slurm\.gpus_per_node=4 is less than the 8 tasks per node .* slurm\.devices_per_node=4"):
+        slurm.executor_params(config.load(["target=slurm", "slurm.gpus_per_node=4", "slurm.devices_per_node=8", "devices=8"]))
+
+
+def test_the_step_gets_cpus_per_task(tmp_path):
+    """SLURM >= 22.05 does not pass sbatch's --cpus-per-task on to srun: the srun line carries it (issue 12.3)."""
+    script = slurm.render_script(config.load(["target=slurm", "slurm.cpus_per_task=6"]), tmp_path / "%j")
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    assert "--cpus-per-task=6" in srun and "#SBATCH --cpus-per-task=6" in script
+
+
+def test_home_paths_in_setup_and_a_setup_script(tmp_path):
+    """`~/venv/bin/activate` still expands in a setup entry; slurm.setup_script is sourced as the user wrote it (issue 12.9)."""
+    own = tmp_path / "my env.sh"
+    own.write_text("export A=1\n")
+    cfg = config.load(["target=slurm", 'slurm.setup=["source ~/venv/bin/activate", "echo ~user $(x)"]', f"slurm.setup_script={own}"])
+    setup = slurm.render_script(cfg, tmp_path / "%j").split("# setup\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert setup == ["source ~/venv/bin/activate", "echo '~user' '$(x)'", f"source '{own}'"]
+    home = subprocess.run(["bash", "-c", f"{setup[0].replace('source', 'echo')}"], capture_output=True, text=True).stdout.strip()
+    assert home == os.path.expanduser("~/venv/bin/activate")
+    with pytest.raises(Exception, match=r"slurm\.setup_script='/nonexistent\.sh' does not exist"):
+        slurm.check_setup_script(config.load(["target=slurm", "slurm.setup_script=/nonexistent.sh"]))
+
+
+def test_values_reaching_the_script_are_quoted_or_refused(tmp_path):
+    """A trailing newline, a venv path with a space, wckey (issue 12.10/12.11)."""
+    with pytest.raises(ConfigError, match=r"slurm\.partition="):
+        slurm.executor_params(config.replace(config.load(["target=slurm"]), {"slurm.partition": "gpu\n"}))
+    cfg = config.load(["target=slurm", "slurm.python=/opt/my env/bin/python"])
+    script = slurm.render_script(cfg, tmp_path / "%j")
+    assert "'/opt/my env/bin/python' -u -m submitit.core._submit" in script
+    assert "--wckey" not in script
+    assert "#SBATCH --wckey=proj" in slurm.render_script(config.load(["target=slurm", "slurm.wckey=proj"]), tmp_path / "%j")
 
 
 def test_no_sbatch_on_path(tmp_path):
@@ -141,7 +183,7 @@ def test_preemption_checkpoints_requeues_and_resumes(cluster, tmp_path):
         time.sleep(0.3)
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
     deadline = time.time() + 600
-    while time.time() < deadline and slurm.squeue_states([job_id]):
+    while time.time() < deadline and slurm_queue.squeue_states([job_id]):
         time.sleep(2)
     recs = [json.loads(l) for l in metrics.read_text().splitlines()]
     sums = [r for r in recs if r["kind"] == "summary"]
@@ -160,8 +202,8 @@ def test_preemption_checkpoints_requeues_and_resumes(cluster, tmp_path):
 def test_sbatch_refusals_are_one_sentence(cluster, tmp_path):
     p = run_cli(["run", *_args(tmp_path, "slurm.partition=nosuchpartition", "run.name=b1")], cwd=tmp_path)
     assert p.returncode == 2 and "Traceback" not in p.stderr
-    assert p.stderr.strip() == "scaleout: error: sbatch refused the job for cell(s) jax-d1: sbatch: error: invalid partition specified: nosuchpartition"
+    assert p.stderr.strip() == "scaleout: error: sbatch refused the job for cell jax-d1: sbatch: error: invalid partition specified: nosuchpartition"
     p = run_cli(["run", *_args(tmp_path, "slurm.gpus_per_node=4", "run.name=b2")], cwd=tmp_path)  # the node has no GPUs
-    assert p.returncode == 2 and "Traceback" not in p.stderr
-    assert p.stderr.startswith("scaleout: error: sbatch refused the job") and p.stderr.count("\n") == 1
+    assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1
+    assert p.stderr.startswith("scaleout: error: slurm.gpus_per_node=4 but the nodes of the default partition have no GPUs"), p.stderr
     assert not (tmp_path / "runs" / "b1" / "jobs.json").exists() and not (tmp_path / "runs" / "b2" / "jobs.json").exists()

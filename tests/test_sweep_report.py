@@ -107,9 +107,9 @@ def test_report_refuses_a_directory_without_cells(tmp_path):
 
 @pytest.mark.slow
 def test_local_sweep_end_to_end(tmp_path):
-    args = ["sweep", f"run.dir={tmp_path}/runs", f"checkpoint.dir={tmp_path}/ckpt", f"jax.cache_dir={tmp_path}/jc",
+    args = ["sweep", f"run.dir={tmp_path}/runs", f"jax.cache_dir={tmp_path}/jc", "checkpoint.every=2",
             "sweep.devices=[1,2]", "train.steps=6", "train.global_batch=4", "run.name=e2e", "checkpoint.async=false"]
-    p = run_cli(args, cwd=tmp_path, env={"SCALEOUT_FAULT": "crash@3:cell=torch-d2"})
+    p = run_cli(args, cwd=tmp_path, env={"SCALEOUT_FAULT": "crash@4:cell=torch-d2"})
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
     run = tmp_path / "runs" / "e2e"
     for name in ("report.md", "report.json", "report.csv", "throughput.png", "efficiency.png", "loss.png", "startup.png"):
@@ -123,7 +123,7 @@ def test_local_sweep_end_to_end(tmp_path):
     assert set(rows) == {"jax-d1", "jax-d2", "torch-d1", "torch-d2"}
     for r in rows.values():
         assert set(report.ROW_FIELDS) <= set(r)
-    assert rows["torch-d2"]["status"] == "failed" and "injected crash at step 3" in rows["torch-d2"]["error"]
+    assert rows["torch-d2"]["status"] == "failed" and "injected crash at step 4" in rows["torch-d2"]["error"]
     for name in ("jax-d1", "jax-d2", "torch-d1"):
         assert rows[name]["status"] == "ok" and rows[name]["tokens_per_s"] > 0 and rows[name]["steps"] == 6
     assert rows["jax-d2"]["global_batch"] == 8  # weak scaling
@@ -141,6 +141,10 @@ def test_local_sweep_end_to_end(tmp_path):
     assert (run / "jax-d1" / "metrics.jsonl").read_text() == before
     rows = {r["cell"]: r for r in json.loads((run / "report.json").read_text())["cells"]}
     assert rows["torch-d2"]["status"] == "ok"
+    resumed = [json.loads(l) for l in (run / "torch-d2" / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in resumed if r["kind"] == "summary"][-1]
+    assert last["resumed_from_step"] == 2 and last["steps"] == 6  # the step-2 checkpoint, saved before the crash at 3->4
+    assert [r["step"] for r in resumed if r["kind"] == "step"][-4:] == [3, 4, 5, 6]
 
     # a third run does no training at all
     p = run_cli(args, cwd=tmp_path)

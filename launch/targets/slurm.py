@@ -59,8 +59,18 @@ def shape(cfg: Config) -> Tuple[int, int]:
     return cfg.devices // per_node, per_node
 
 
+def shell_word(word: str) -> str:
+    """One word quoted for the shell, a leading `~` or `~/` left to expand to the home directory."""
+    if word == "~":
+        return "~"
+    if word.startswith("~/"):
+        return "~/" + shlex.quote(word[2:]) if word[2:] else "~/"
+    return shlex.quote(word)
+
+
 def setup_lines(cfg: Config) -> List[str]:
-    """Each `slurm.setup` entry as exactly one command with its words quoted."""
+    """Each `slurm.setup` entry as exactly one command with its words quoted (`~/...` still expands);
+    then `source` of `slurm.setup_script`, the user's own file, run verbatim."""
     lines = []
     for i, entry in enumerate(cfg.slurm.setup):
         try:
@@ -68,8 +78,23 @@ def setup_lines(cfg: Config) -> List[str]:
         except ValueError as e:
             raise ConfigError(f"slurm.setup[{i}]={entry!r} is not valid: {e}; write one command per entry.") from None
         if words:
-            lines.append(shlex.join(words))
+            lines.append(" ".join(shell_word(w) for w in words))
+    if cfg.slurm.setup_script:
+        lines.append(f"source {shell_word(cfg.slurm.setup_script)}")
     return lines
+
+
+def gpu_request(cfg: Config) -> Dict[str, Any]:
+    """The GPUs a cell asks for: one per task on each node it uses (never a whole node's for a small cell)."""
+    s = cfg.slurm
+    if not s.gpus_per_node:
+        return {}
+    _, per_node = shape(cfg)
+    if s.gpus_per_node < per_node:
+        raise ConfigError(f"slurm.gpus_per_node={s.gpus_per_node} is less than the {per_node} tasks per node this cell runs "
+                          f"(one per device, slurm.devices_per_node={s.devices_per_node}); set slurm.devices_per_node={s.gpus_per_node} "
+                          "or fewer so every task has its own GPU.")
+    return {"gpus_per_task": 1} if s.gpu_binding == "task" else {"gpus_per_node": per_node}
 
 
 def executor_params(cfg: Config) -> Dict[str, Any]:
@@ -91,10 +116,11 @@ def executor_params(cfg: Config) -> Dict[str, Any]:
         "nodes": nodes,
         "ntasks_per_node": per_node,
         "cpus_per_task": s.cpus_per_task,
+        # SLURM >= 22.05 no longer passes sbatch's --cpus-per-task on to srun: give it to the step too
+        "srun_args": [f"--cpus-per-task={s.cpus_per_task}"],
         "setup": setup_lines(cfg),
+        **gpu_request(cfg),
     }
-    if s.gpus_per_node:
-        params["gpus_per_node"] = s.gpus_per_node
     if s.mem_gb:
         params["mem"] = f"{s.mem_gb}GB"
     for key in ("partition", "account", "qos", "constraint"):
@@ -156,6 +182,51 @@ def sbatch_refusal(text: str) -> str:
     return (errors or failures or lines or ["no reason given"])[0]
 
 
+def partition_gpus(partition: Optional[str]) -> Optional[int]:
+    """The most GPUs (GRES gpu) any node of the partition (or the default one) has, per `sinfo`;
+    None when sinfo cannot tell."""
+    argv = ["sinfo", "-h", "-o", "%G %P"] + (["-p", partition] if partition else [])
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if p.returncode:
+        return None
+    best = 0
+    for line in p.stdout.splitlines():
+        gres, _, part = line.strip().partition(" ")
+        if not partition and not part.endswith("*"):
+            continue  # without slurm.partition the job goes to the default partition (marked *)
+        for item in gres.split(","):
+            m = re.fullmatch(r"gpu(?::[^:()]+)?:(\d+)(?:\(.*\))?", item.strip())
+            if m:
+                best = max(best, int(m.group(1)))
+    return best
+
+
+def check_gpus(cfg: Config) -> None:
+    """Asked-for GPUs against what the partition's nodes have, in words that name the key."""
+    want = gpu_request(cfg)
+    if not want:
+        return
+    _, per_node = shape(cfg)
+    have = partition_gpus(cfg.slurm.partition)
+    where = f"partition {cfg.slurm.partition}" if cfg.slurm.partition else "the default partition"
+    if have == 0:
+        raise SubmitError(f"slurm.gpus_per_node={cfg.slurm.gpus_per_node} but the nodes of {where} have no GPUs (GRES gpu) "
+                          "according to sinfo; pick a GPU partition with slurm.partition=... or set slurm.gpus_per_node=0.")
+    if have is not None and have < per_node:
+        raise SubmitError(f"slurm.gpus_per_node={cfg.slurm.gpus_per_node}: this cell needs {per_node} GPUs on each node but the "
+                          f"nodes of {where} have at most {have}; set slurm.devices_per_node={have} (and slurm.gpus_per_node={have}).")
+
+
+def check_setup_script(cfg: Config) -> None:
+    path = cfg.slurm.setup_script
+    if path and not Path(path).expanduser().is_file():
+        raise SubmitError(f"slurm.setup_script={path!r} does not exist here; give a file on the shared filesystem "
+                          "(it is sourced on the first node of every job).")
+
+
 def test_submit(cfg: Config, folder: Path, cell: str) -> None:
     """`sbatch --test-only` on the cell's script: the cluster's verdict, nothing submitted."""
     with tempfile.TemporaryDirectory(prefix="scaleout-sbatch-") as tmp:
@@ -179,6 +250,8 @@ class SlurmTarget:
 
     def preflight(self, cfg: Config) -> None:
         check_sbatch()
+        check_setup_script(cfg)
+        check_gpus(cfg)
         key = resource_key(cfg)
         if key not in self._tested:
             test_submit(cfg, Path(tempfile.gettempdir()) / FOLDER / "%j", f"{cfg.framework}-d{cfg.devices}")
