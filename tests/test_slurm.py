@@ -206,4 +206,11 @@ def test_sbatch_refusals_are_one_sentence(cluster, tmp_path):
     p = run_cli(["run", *_args(tmp_path, "slurm.gpus_per_node=4", "run.name=b2")], cwd=tmp_path)  # the node has no GPUs
     assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1
     assert p.stderr.startswith("scaleout: error: slurm.gpus_per_node=4 but the nodes of the default partition have no GPUs"), p.stderr
-    assert not (tmp_path / "runs" / "b1" / "jobs.json").exists() and not (tmp_path / "runs" / "b2" / "jobs.json").exists()
+    p = run_cli(["run", *_args(tmp_path, "devices=6", "train.global_batch=6", "slurm.partition=gpu", "run.name=b3")], cwd=tmp_path)
+    assert p.returncode == 2 and p.stderr.strip() == ("scaleout: error: devices=6 needs 3 nodes of slurm.devices_per_node=2 "
+                                                      "but partition gpu has 2; use fewer devices or more tasks per node."), p.stderr
+    p = run_cli(["run", *_args(tmp_path, "devices=4", "train.global_batch=4", "slurm.partition=gpu", "slurm.gpus_per_node=4",
+                                "slurm.devices_per_node=4", "run.name=b4")], cwd=tmp_path)
+    assert p.returncode == 2 and "needs 4 GPUs on each node but the nodes of partition gpu have at most 2" in p.stderr, p.stderr
+    for b in ("b1", "b2", "b3", "b4"):
+        assert not (tmp_path / "runs" / b).exists()

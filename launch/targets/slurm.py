@@ -182,42 +182,49 @@ def sbatch_refusal(text: str) -> str:
     return (errors or failures or lines or ["no reason given"])[0]
 
 
-def partition_gpus(partition: Optional[str]) -> Optional[int]:
-    """The most GPUs (GRES gpu) any node of the partition (or the default one) has, per `sinfo`;
+def partition_shape(partition: Optional[str]) -> Optional[Tuple[int, int]]:
+    """(nodes, the most GPUs (GRES gpu) on one node) of the partition, or of the default one, per `sinfo`;
     None when sinfo cannot tell."""
-    argv = ["sinfo", "-h", "-o", "%G %P"] + (["-p", partition] if partition else [])
+    argv = ["sinfo", "-h", "-o", "%D|%G|%P"] + (["-p", partition] if partition else [])
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if p.returncode:
+    if p.returncode or not p.stdout.strip():
         return None
-    best = 0
+    nodes = gpus = 0
     for line in p.stdout.splitlines():
-        gres, _, part = line.strip().partition(" ")
+        count, gres, part = (line.strip().split("|") + ["", ""])[:3]
         if not partition and not part.endswith("*"):
             continue  # without slurm.partition the job goes to the default partition (marked *)
+        nodes += int(count) if count.isdigit() else 0
         for item in gres.split(","):
             m = re.fullmatch(r"gpu(?::[^:()]+)?:(\d+)(?:\(.*\))?", item.strip())
             if m:
-                best = max(best, int(m.group(1)))
-    return best
+                gpus = max(gpus, int(m.group(1)))
+    return nodes, gpus
 
 
-def check_gpus(cfg: Config) -> None:
-    """Asked-for GPUs against what the partition's nodes have, in words that name the key."""
-    want = gpu_request(cfg)
-    if not want:
+def check_partition(cfg: Config) -> None:
+    """Nodes and GPUs asked for against what the partition has, in words that name the keys
+    (sbatch would say "Requested node configuration is not available", or queue the job forever)."""
+    shape_now = partition_shape(cfg.slurm.partition)
+    if shape_now is None:
         return
-    _, per_node = shape(cfg)
-    have = partition_gpus(cfg.slurm.partition)
+    have_nodes, have_gpus = shape_now
+    nodes, per_node = shape(cfg)
     where = f"partition {cfg.slurm.partition}" if cfg.slurm.partition else "the default partition"
-    if have == 0:
+    if have_nodes and nodes > have_nodes:
+        raise SubmitError(f"devices={cfg.devices} needs {nodes} nodes of slurm.devices_per_node={cfg.slurm.devices_per_node} "
+                          f"but {where} has {have_nodes}; use fewer devices or more tasks per node.")
+    if not gpu_request(cfg):
+        return
+    if have_gpus == 0:
         raise SubmitError(f"slurm.gpus_per_node={cfg.slurm.gpus_per_node} but the nodes of {where} have no GPUs (GRES gpu) "
                           "according to sinfo; pick a GPU partition with slurm.partition=... or set slurm.gpus_per_node=0.")
-    if have is not None and have < per_node:
+    if have_gpus < per_node:
         raise SubmitError(f"slurm.gpus_per_node={cfg.slurm.gpus_per_node}: this cell needs {per_node} GPUs on each node but the "
-                          f"nodes of {where} have at most {have}; set slurm.devices_per_node={have} (and slurm.gpus_per_node={have}).")
+                          f"nodes of {where} have at most {have_gpus}; set slurm.devices_per_node={have_gpus} (and slurm.gpus_per_node={have_gpus}).")
 
 
 def check_setup_script(cfg: Config) -> None:
@@ -251,7 +258,7 @@ class SlurmTarget:
     def preflight(self, cfg: Config) -> None:
         check_sbatch()
         check_setup_script(cfg)
-        check_gpus(cfg)
+        check_partition(cfg)
         key = resource_key(cfg)
         if key not in self._tested:
             test_submit(cfg, Path(tempfile.gettempdir()) / FOLDER / "%j", f"{cfg.framework}-d{cfg.devices}")
