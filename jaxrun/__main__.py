@@ -7,22 +7,24 @@ when the SLURM or TPU target says so (SCALEOUT_DISTRIBUTED=slurm|tpu). On CPU th
 over gloo.
 """
 
-from launch.loop import PROCESS_START  # noqa: F401  (first: time to first step counts from here)
-
 import os
+import time
+from typing import Optional
 
 
 def setup_distributed() -> None:
     import jax
 
+    from launch import envvars
+
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    if os.environ.get("SCALEOUT_COORDINATOR"):
-        jax.distributed.initialize(coordinator_address=os.environ["SCALEOUT_COORDINATOR"],
-                                   num_processes=int(os.environ["SCALEOUT_NUM_PROCESSES"]),
-                                   process_id=int(os.environ["SCALEOUT_PROCESS_ID"]))
-    elif os.environ.get("SCALEOUT_DISTRIBUTED") == "slurm" and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+    if os.environ.get(envvars.COORDINATOR):
+        jax.distributed.initialize(coordinator_address=os.environ[envvars.COORDINATOR],
+                                   num_processes=int(os.environ[envvars.NUM_PROCESSES]),
+                                   process_id=int(os.environ[envvars.PROCESS_ID]))
+    elif os.environ.get(envvars.DISTRIBUTED) == "slurm" and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
         jax.distributed.initialize(**slurm_local_device_ids())  # SLURM auto-detection
-    elif os.environ.get("SCALEOUT_DISTRIBUTED") == "tpu":
+    elif os.environ.get(envvars.DISTRIBUTED) == "tpu":
         jax.distributed.initialize()  # Cloud TPU auto-detection (worker 0 is the coordinator)
 
 
@@ -47,22 +49,28 @@ def setup_cache(cfg) -> None:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def main(argv=None) -> int:
-    from launch import loop
+def main(argv=None, process_start: Optional[float] = None) -> int:
+    if process_start is None:
+        process_start = time.perf_counter()
+    from launch import engine
 
-    cfg, cell_dir = loop.read_cell("python -m jaxrun", argv)
-    try:
+    stopper = engine.Stopper().install()  # before anything slow: a signal from here on stops cleanly
+    engine.die_with_launcher(stopper)
+    from launch import envvars, log, loop
+
+    rank = envvars.process_index()
+    log.setup(process_index=rank)
+    cfg, cell_dir = engine.read_cell("python -m jaxrun", argv)
+    with engine.early_failure("jax", cfg, cell_dir, rank):
         setup_distributed()
         setup_cache(cfg)
         from jaxrun.train import JaxEngine
-        engine = JaxEngine(cfg, cell_dir)
-    except Exception as e:
-        loop.record_early_failure("jax", cfg, cell_dir, e, int(os.environ.get("SCALEOUT_PROCESS_ID", os.environ.get("SLURM_PROCID", "0"))) == 0)
-        raise
-    loop.run(engine, cfg, cell_dir)
+        trainer = JaxEngine(cfg, cell_dir)
+    loop.run(trainer, cfg, cell_dir, process_start=process_start, stopper=stopper)
     return 0
 
 
 if __name__ == "__main__":
-    from launch.loop import exit_on_error
-    exit_on_error(main, f"process {os.environ.get('SCALEOUT_PROCESS_ID', os.environ.get('SLURM_PROCID', '0'))}")
+    started = time.perf_counter()  # first: time to first step counts from here
+    from launch import engine, envvars
+    engine.exit_on_error(lambda: main(process_start=started), f"process {envvars.process_index()}")

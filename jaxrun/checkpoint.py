@@ -2,27 +2,23 @@
 
 A `CheckpointManager` under the cell's checkpoint directory (a local path or gs://) keeps
 `checkpoint.keep` steps, each holding `state` (params + optimizer state, sharded) and `meta`
-(JSON: config hash, mesh, framework, versions). Saves are async when `checkpoint.async`.
+(JSON: `launch.engine.checkpoint_metadata`: config hash, run id, mesh, framework, versions). Saves are async when `checkpoint.async`.
 Orbax writes each step to a temporary directory and finalises it atomically, so only complete
 steps are listed. Restoring reads into the abstract state of the *current* mesh, so a checkpoint
-written on 4 devices continues on 2.
+written on 4 devices continues on 2. Which checkpoint to restore, and whether this cell may
+continue from it, is `launch.engine`'s rule.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Dict, Optional, Tuple
 
 import orbax.checkpoint as ocp
 
-from launch.config import math_hash
+from launch import engine
 from launch.schema import Config
 
-log = logging.getLogger(__name__)
-
-
-class CheckpointMismatch(RuntimeError):
-    pass
+ITEMS = ("state", "meta")
 
 
 class Checkpointer:
@@ -30,33 +26,34 @@ class Checkpointer:
         self.cfg, self.abstract = cfg, abstract_state
         options = ocp.CheckpointManagerOptions(max_to_keep=cfg.checkpoint.keep,
                                                enable_async_checkpointing=cfg.checkpoint.async_, create=True)
-        self.manager = ocp.CheckpointManager(cfg.checkpoint.dir, options=options, item_names=("state", "meta"))
+        self.manager = ocp.CheckpointManager(cfg.checkpoint.dir, options=options, item_names=ITEMS)
+        self._readers: Dict[str, ocp.CheckpointManager] = {cfg.checkpoint.dir: self.manager}
+
+    def _manager(self, root: str) -> ocp.CheckpointManager:
+        """This cell's manager, or a read-only one for another directory (`checkpoint.load_from`)."""
+        if root not in self._readers:
+            self._readers[root] = ocp.CheckpointManager(root, options=ocp.CheckpointManagerOptions(read_only=True),
+                                                        item_names=ITEMS)
+        return self._readers[root]
 
     def restore_latest(self) -> Tuple[Optional[Dict[str, Any]], int]:
-        """The latest complete state of this cell, else of `checkpoint.load_from`, else (None, 0)."""
-        manager, where = self.manager, self.cfg.checkpoint.dir
-        step = manager.latest_step()
-        if step is None and self.cfg.checkpoint.load_from:
-            where = self.cfg.checkpoint.load_from
-            manager = ocp.CheckpointManager(where, options=ocp.CheckpointManagerOptions(read_only=True),
-                                            item_names=("state", "meta"))
-            step = manager.latest_step()
-            if step is None:
-                raise FileNotFoundError(f"checkpoint.load_from={where!r} holds no complete checkpoint")
-        if step is None:
-            return None, 0
-        meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-        want = math_hash(self.cfg)
-        if meta.get("config_hash") != want:
-            raise CheckpointMismatch(
-                f"the checkpoint at step {step} in {where} was written by a different model/train/data "
-                f"config (hash {meta.get('config_hash')}, this run {want}); use another run.name or remove that directory")
-        restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(self.abstract)))
-        return restored["state"], step
+        """The state `launch.engine.restore_latest` picks, restored onto the current mesh, and its
+        step; (None, 0) when the cell starts fresh."""
+        step, state = engine.restore_latest(self.cfg, lambda root: self._manager(root).latest_step(),
+                                            self._read_meta, self._load)
+        return state, step
+
+    def _read_meta(self, found: engine.Found) -> Dict[str, Any]:
+        return self._manager(found.root).restore(found.step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
+    def _load(self, found: engine.Found) -> Dict[str, Any]:
+        restored = self._manager(found.root).restore(
+            found.step, args=ocp.args.Composite(state=ocp.args.StandardRestore(self.abstract)))
+        return restored["state"]
 
     def save(self, step: int, state: Dict[str, Any], meta: Dict[str, Any]) -> None:
         self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                        meta=ocp.args.JsonSave({**meta, "step": step})))
+                                                        meta=ocp.args.JsonSave(meta)))
 
     def close(self) -> None:
         self.manager.wait_until_finished()

@@ -21,10 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import NamedSharding
 
-from launch import metrics
-from launch.config import mesh_shape
+from launch import engine
 from launch.data import Batches
 from launch.params import init_param, init_stacked, param_table
 from launch.schema import Config
@@ -51,9 +49,8 @@ class JaxEngine:
         self.platform = self.mesh.devices.flat[0].platform
         m = cfg.model
         self.graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(m, nnx.Rngs(0))))
-        parts = mesh_mod.param_partitions(cfg)
-        self.param_sh = jax.tree.map_with_path(lambda p, _: NamedSharding(self.mesh, parts[mesh_mod.path_name(p)]), abstract)
-        decay = {spec.name.replace(".{i}", ""): spec.decay for spec in param_table(m)}
+        self.param_sh = mesh_mod.param_shardings(self.mesh, cfg, abstract)
+        decay = {spec.stacked_name: spec.decay for spec in param_table(m)}
         self.decay_mask = jax.tree.map_with_path(lambda p, _: decay[mesh_mod.path_name(p)], abstract)
         self.tx = make_optimizer(cfg, self.decay_mask)
         self.abstract_params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, self.param_sh)
@@ -63,6 +60,8 @@ class JaxEngine:
                                             transform_non_params=lambda _: rep)
         self.abstract_opt = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_opt, self.opt_sh)
         self.batch_sh = mesh_mod.batch_sharding(self.mesh)
+        self.microbatch_sh = mesh_mod.microbatch_sharding(self.mesh)
+        self.lazy_compile_s = 0.0  # everything is compiled ahead of the first step (`compile`)
         self.data = Batches(cfg.data, m.vocab_size, m.seq_len)
         self.params = self.opt_state = None
         self.compiled = None
@@ -85,7 +84,7 @@ class JaxEngine:
         else:
             def micro(x):  # (B, T) -> (accum, B/accum, T): micro-batch j takes rows j, j+accum, ...
                 x = x.reshape(x.shape[0] // accum, accum, x.shape[1]).swapaxes(0, 1)
-                return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, jax.sharding.PartitionSpec(None, ("data", "fsdp"), None)))
+                return jax.lax.with_sharding_constraint(x, self.microbatch_sh)
 
             def body(carry, mb):
                 loss_sum, g_sum = carry
@@ -122,7 +121,7 @@ class JaxEngine:
                 return nnx.state(Transformer(m, nnx.Rngs(seed)), nnx.Param)
             self.params = jax.jit(make, out_shardings=self.param_sh)()
         else:
-            specs = {spec.name.replace(".{i}", ""): spec for spec in param_table(m)}
+            specs = {spec.stacked_name: spec for spec in param_table(m)}
 
             def value(path, sds):
                 spec = specs[mesh_mod.path_name(path)]
@@ -162,15 +161,11 @@ class JaxEngine:
         return _scalar(loss), _scalar(gnorm)
 
     def save(self, step: int) -> None:
-        self.ckpt.save(step, {"params": self.params, "opt_state": self.opt_state}, self.metadata())
+        self.ckpt.save(step, {"params": self.params, "opt_state": self.opt_state},
+                       engine.checkpoint_metadata(self.cfg, self.framework, self.process_count, self.versions(), step))
 
     def finish(self) -> None:
         self.ckpt.close()
-
-    def metadata(self) -> Dict[str, Any]:
-        from launch.config import math_hash
-        return {"framework": "jax", "config_hash": math_hash(self.cfg), "mesh": mesh_shape(self.cfg),
-                "devices": self.cfg.devices, "processes": self.process_count, "versions": self.versions()}
 
     def versions(self) -> Dict[str, str]:
         import flax
@@ -181,7 +176,7 @@ class JaxEngine:
     def any_process(self, flag: bool) -> bool:
         """One tiny collective over the training mesh: the max of every process's flag."""
         if self._any_fn is None:
-            self._flag_sh = NamedSharding(self.mesh, jax.sharding.PartitionSpec(self.mesh.axis_names))
+            self._flag_sh = mesh_mod.per_device_sharding(self.mesh)
             self._any_fn = jax.jit(jnp.max, out_shardings=mesh_mod.replicated(self.mesh))
         local = np.full((len(self.mesh.local_devices),), int(flag), np.int32)
         return bool(_scalar(self._any_fn(jax.make_array_from_process_local_data(self._flag_sh, local))))
@@ -190,7 +185,8 @@ class JaxEngine:
         from launch.flops import datasheet_peak
         if self.platform != "cpu":
             return datasheet_peak(self.device_kind) or 0.0
-        return cpu_peak_per_device(self.cfg.devices, self.process_count)
+        return engine.cpu_peak_per_device(self.cfg.devices, self.process_index, self.process_count,
+                                          matmul=_cpu_matmul, barrier=_barrier, broadcast=_broadcast_from_process0)
 
     def bytes_per_device(self) -> Dict[str, int]:
         dev = self.mesh.devices.flat[0] if self.process_index == 0 else jax.local_devices()[0]
@@ -203,33 +199,29 @@ class JaxEngine:
                         total += shard.data.nbytes
             return total
 
-        w = on_device(self.params)
-        return {"weights": w, "grads": w, "optimizer": on_device(self.opt_state), "total": 2 * w + on_device(self.opt_state)}
+        return engine.bytes_per_device(weights=on_device(self.params), optimizer=on_device(self.opt_state))
 
     def peak_memory_bytes(self) -> int:
         stats = self.mesh.devices.flat[0].memory_stats() if self.platform != "cpu" else None
-        if stats and "peak_bytes_in_use" in stats:
-            return int(stats["peak_bytes_in_use"])
-        return metrics.peak_rss_bytes()
+        return engine.peak_memory_bytes(stats.get("peak_bytes_in_use") if stats else None)
 
 
 def _scalar(x: jax.Array) -> float:
     return float(np.asarray(x.addressable_data(0)))
 
 
-def cpu_peak_per_device(devices: int, processes: int) -> float:
-    """Host fp32 matmul peak, measured now by process 0 while the others wait, / simulated devices."""
+def _cpu_matmul(n: int):
+    """One synced n x n fp32 matmul on this process's first device (what `calibrate_matmul` times)."""
+    a = jax.device_put(jnp.ones((n, n), jnp.float32), jax.local_devices()[0])
+    f = jax.jit(lambda x: x @ x)
+    return lambda: f(a).block_until_ready()
+
+
+def _barrier() -> None:
     from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices("scaleout-calibrate")
 
-    def run(n):
-        a = jax.device_put(jnp.ones((n, n), jnp.float32), jax.local_devices()[0])
-        f = jax.jit(lambda x: x @ x)
-        return lambda: f(a).block_until_ready()
 
-    if processes == 1:
-        return metrics.calibrate_matmul(run) / devices
-    multihost_utils.sync_global_devices("calibrate")
-    peak = np.float32(metrics.calibrate_matmul(run) if jax.process_index() == 0 else 0.0)
-    peak = float(multihost_utils.broadcast_one_to_all(peak))
-    multihost_utils.sync_global_devices("calibrated")
-    return peak / devices
+def _broadcast_from_process0(value: float) -> float:
+    from jax.experimental import multihost_utils
+    return float(multihost_utils.broadcast_one_to_all(np.float32(value)))

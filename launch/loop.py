@@ -1,16 +1,25 @@
 """The training loop both trainers run, so both measure and log the same way.
 
-A trainer provides the framework parts (`Engine`); this module owns the schedule, step timing,
-the metrics records, checkpoint cadence, `train.stop_after`, the non-finite-loss stop and the
-summary. Step numbers count completed optimizer steps: the record `step: 1` is the first update.
+A trainer provides the framework parts (`Engine`); this module owns the schedule (`lr_at`) and
+`run`, which is built from three pieces a reader can take one at a time:
+
+- `StepTimer`: each step's wall time (with a device sync: `Engine.train_step` returns floats),
+  when it began, and the time from process start to the end of the first step;
+- `CheckpointCadence`: which steps save (every `checkpoint.every`, and the last);
+- `SummaryBuilder` with `Timing`: the `summary` record, from the step times, losses, compile time
+  and peak FLOP/s, plus the engine's memory figures.
+
+Besides those, `run` handles `train.stop_after`, a stop request (`launch.engine.Stopper`, taken
+by all processes together), the non-finite-loss stop and fault injection for tests. Step numbers
+count completed optimizer steps: the record `step: 1` is the first update.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import platform
-import signal
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -18,12 +27,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Protocol
 
 from launch import config as config_mod
-from launch import flops, metrics
+from launch import envvars, files, flops, metrics
+from launch.engine import Stopper, peak_memory_bytes
 from launch.params import count_params
-from launch.rundir import METRICS_NAME
 from launch.schema import Config, TrainConfig
 
-PROCESS_START = time.perf_counter()  # the trainer module imports this first thing
+log = logging.getLogger(__name__)
 
 
 def lr_at(step: int, t: TrainConfig) -> float:
@@ -48,6 +57,7 @@ class Engine(Protocol):
     process_index: int
     process_count: int
     device_kind: str
+    lazy_compile_s: float  # compile time spent inside the first step (torch.compile); 0 if none
 
     def compile(self) -> float: ...  # seconds spent compiling before the first step (0 if lazy)
     def restore(self) -> int: ...  # completed steps of the latest complete checkpoint, 0 if none
@@ -75,7 +85,7 @@ class Fault:
 
     @staticmethod
     def from_env() -> Optional["Fault"]:
-        spec = os.environ.get("SCALEOUT_FAULT")
+        spec = os.environ.get(envvars.FAULT)
         if not spec:
             return None
         kind, _, rest = spec.partition("@")
@@ -91,147 +101,135 @@ class Fault:
     def applies(self, process: int, cell: str) -> bool:
         return self.process in (None, process) and self.cell in (None, cell)
 
+    def before_step(self, step: int) -> None:
+        """Called before the step that will complete `step`."""
+        if self.step != step:
+            return
+        if self.kind == "crash":
+            raise RuntimeError(f"injected crash at step {self.step} ({envvars.FAULT})")
+        if self.kind == "hang":
+            time.sleep(3600)
+
+    def loss(self, step: int, loss: float) -> float:
+        return float("nan") if self.kind == "nan" and self.step == step else loss
+
+
+# --------------------------------------------------------------------------- the three pieces
+
+class StepTimer:
+    """Wall time of each step, when each began, and the time to the first step.
+
+    `time_to_first_step_s` counts from `process_start`, the moment the trainer's entry point began
+    (so it includes imports, distributed init, model build, compile and restore).
+    """
+
+    def __init__(self, process_start: float):
+        self.process_start = process_start
+        self.durations: List[float] = []  # steps whose result counted (finite loss)
+        self.starts: List[float] = []  # perf_counter at the start of every step taken
+        self.time_to_first_step_s: Optional[float] = None
+        self.loop_end: Optional[float] = None  # the last step's end, before the final save
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+        self.starts.append(self._t0)
+
+    def stop(self) -> float:
+        """The step that began at `start()` is done (its outputs synced): its duration."""
+        now = time.perf_counter()
+        if self.time_to_first_step_s is None:
+            self.time_to_first_step_s = now - self.process_start
+        return now - self._t0
+
+    def keep(self, seconds: float) -> None:
+        self.durations.append(seconds)
+
+    def end_loop(self) -> None:
+        self.loop_end = time.perf_counter()  # the final save and its wait are not part of the loop's rate
+
+    def loop_tokens_per_s(self, tokens_per_step: int, warmup_exclude: int) -> Optional[float]:
+        """Tokens/s over the wall clock of the steady steps, intermediate checkpoint saves included."""
+        n = len(metrics.steady(self.durations, warmup_exclude))
+        if not n or self.loop_end is None:
+            return None
+        return tokens_per_step * n / (self.loop_end - self.starts[-n])
+
 
 @dataclass
-class Stopper:
-    """Ends training cleanly (checkpoint, exit 0) after the current step on SIGUSR2/SIGTERM."""
-    requested: Optional[str] = None
-    signals: List[int] = field(default_factory=lambda: [signal.SIGUSR2, signal.SIGTERM])
+class CheckpointCadence:
+    """Save every `every` steps (0: only at the end), and always after the last step taken."""
+    every: int
 
-    def install(self) -> None:
-        for s in self.signals:
-            try:
-                signal.signal(s, self._handle)
-            except ValueError:  # not the main thread
-                pass
-
-    def _handle(self, signum, frame) -> None:
-        self.requested = signal.Signals(signum).name
+    def due(self, step: int, last: bool) -> bool:
+        return last or bool(self.every and step % self.every == 0)
 
 
-def run(engine: Engine, cfg: Config, cell_dir: Path) -> Dict[str, Any]:
-    """Train from the latest checkpoint to `stop_after` or `steps`; returns the summary."""
-    main = engine.process_index == 0
-    tb = cell_dir / "tensorboard" if cfg.metrics.tensorboard else None
-    w = metrics.MetricsWriter(cell_dir / METRICS_NAME, enabled=main, tensorboard_dir=tb)
+@dataclass
+class Timing:
+    """What the summary's timing figures are computed from."""
+    step_times: List[float] = field(default_factory=list)
+    losses: List[float] = field(default_factory=list)
+    compile_s: Optional[float] = None
+    time_to_first_step_s: Optional[float] = None
+    peak_flops_per_device: Optional[float] = None
+
+
+class SummaryBuilder:
+    """The `summary` record: identity fields from the start, outcome and figures at the end."""
+
+    def __init__(self, engine: Engine, cfg: Config):
+        t = cfg.train
+        self.cfg, self.engine = cfg, engine
+        self.fields: Dict[str, Any] = {
+            "framework": engine.framework, "devices": cfg.devices, "processes": engine.process_count,
+            "status": "failed", "error": None, "flops_per_token": flops.flops_per_token(cfg.model),
+            "params": count_params(cfg.model)["total"], "global_batch": t.global_batch,
+            "seq_len": cfg.model.seq_len, "resumed_from_step": None, "steps": 0}
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.fields[key] = value
+
+    def __getitem__(self, key: str) -> Any:
+        return self.fields[key]
+
+    def failed(self, error: BaseException) -> None:
+        self.fields["error"] = f"{type(error).__name__}: {error}"
+        self.fields["traceback"] = traceback.format_exc(limit=8)
+
+    def build(self, timing: Timing) -> Dict[str, Any]:
+        self.fields.update(timing_fields(timing, self.cfg))
+        self.fields.update(self._memory())
+        return self.fields
+
+    def _memory(self) -> Dict[str, Any]:
+        try:
+            return {"bytes_per_device": self.engine.bytes_per_device(),
+                    "peak_memory_bytes": self.engine.peak_memory_bytes()}
+        except Exception:  # the state may not exist if init failed
+            return {"bytes_per_device": self.fields.get("bytes_per_device"),
+                    "peak_memory_bytes": self.fields.get("peak_memory_bytes", peak_memory_bytes(None))}
+
+
+def timing_fields(timing: Timing, cfg: Config) -> Dict[str, Any]:
+    """Steady-state step time percentiles, throughput and MFU (warm-up steps left out), the
+    final loss, and the compile time: measured before the first step, or for a lazy framework
+    the extra time of the warm-up steps over the steady median."""
     t = cfg.train
     tokens_per_step = t.global_batch * cfg.model.seq_len
-    fpt = flops.flops_per_token(cfg.model)
-    summary: Dict[str, Any] = {"framework": engine.framework, "devices": cfg.devices,
-                               "processes": engine.process_count, "status": "failed", "error": None,
-                               "flops_per_token": fpt, "params": count_params(cfg.model)["total"],
-                               "global_batch": t.global_batch, "seq_len": cfg.model.seq_len,
-                               "resumed_from_step": None, "steps": 0}
-    w.write("start", framework=engine.framework, devices=cfg.devices, processes=engine.process_count,
-            device_kind=engine.device_kind, host_cores=os.cpu_count(), host=platform.node(),
-            config_hash=config_mod.math_hash(cfg), model=cfg.model.name, global_batch=t.global_batch,
-            seq_len=cfg.model.seq_len, mesh=config_mod.mesh_shape(cfg), versions=engine.versions())
-    stopper = Stopper()
-    stopper.install()
-    fault = Fault.from_env()
-    if fault and not fault.applies(engine.process_index, cell_dir.name):
-        fault = None
-    print_every = max(t.log_every, t.steps // 10)
-    step_times: List[float] = []
-    step_starts: List[float] = []
-    losses: List[float] = []
-    compile_s = ttfs = peak = None
-    try:
-        peak = engine.peak_flops_per_device()
-        compile_s = engine.compile()
-        if compile_s:
-            w.write("compile", seconds=compile_s)
-        start = engine.restore()
-        summary["resumed_from_step"] = start if start else None
-        summary["steps"] = start
-        stop = t.stop_after or t.steps
-        if main:
-            print(f"[scaleout] {engine.framework}: {cfg.devices} device(s) ({engine.device_kind}), "
-                  f"{engine.process_count} process(es), steps {start + 1}..{stop}" +
-                  (f", resumed from step {start}" if start else ""), flush=True)
-        for step in range(start, stop):
-            if fault and fault.step == step + 1:
-                _inject(fault)
-            lr = lr_at(step, t)
-            t0 = time.perf_counter()
-            step_starts.append(t0)
-            loss, gnorm = engine.train_step(step, lr)
-            dt = time.perf_counter() - t0
-            if fault and fault.kind == "nan" and fault.step == step + 1:
-                loss = float("nan")
-            if ttfs is None:
-                ttfs = time.perf_counter() - PROCESS_START
-            if not math.isfinite(loss):
-                raise NonFiniteLoss(f"loss is {loss} at step {step + 1}; stopped without saving, the last good checkpoint is kept")
-            step_times.append(dt)
-            losses.append(loss)
-            summary["steps"] = step + 1
-            if main and ((step + 1) % t.log_every == 0 or step + 1 == stop):
-                tps = tokens_per_step / dt
-                w.write("step", step=step + 1, loss=loss, grad_norm=gnorm, lr=lr, step_time_s=dt,
-                        tokens_per_s=tps, tokens_per_s_per_device=tps / cfg.devices,
-                        mfu=flops.mfu(tps / cfg.devices, cfg.model, peak) if peak else None)
-            if main and ((step + 1) % print_every == 0 or step + 1 in (start + 1, stop)):
-                print(f"[scaleout] step {step + 1}/{t.steps} loss {loss:.4f} grad_norm {gnorm:.3f} "
-                      f"lr {lr:.2e} {dt * 1000:.1f} ms", flush=True)
-            stop_now = stopper.requested is not None
-            if engine.process_count > 1:  # a signal reaches processes at different steps: stop together
-                stop_now = engine.any_process(stop_now)
-            last = step + 1 == stop or stop_now
-            if last:
-                loop_end = time.perf_counter()  # the final save and its wait are not part of the loop's rate
-            if last or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0):
-                c0 = time.perf_counter()
-                engine.save(step + 1)
-                w.write("checkpoint", step=step + 1, seconds=time.perf_counter() - c0)
-            if stop_now:
-                summary["stopped_by"] = stopper.requested or "peer"
-                break
-        if not compile_s and getattr(engine, "lazy_compile_s", 0):
-            compile_s = engine.lazy_compile_s  # torch.compile: traced and compiled inside the first step
-            w.write("compile", seconds=compile_s)
-        c0 = time.perf_counter()
-        engine.finish()
-        if step_times:
-            w.write("checkpoint_wait", seconds=time.perf_counter() - c0)
-        n_steady = len(metrics.steady(step_times, t.warmup_exclude))
-        if n_steady:  # wall clock of the steady steps, with the time intermediate checkpoint saves cost
-            summary["loop_tokens_per_s"] = tokens_per_step * n_steady / (loop_end - step_starts[-n_steady])
-        summary["status"] = "ok" if summary["steps"] >= t.steps else "stopped"
-        _fill_timing(summary, step_times, losses, compile_s, ttfs, t, tokens_per_step, cfg, peak, engine)
-    except BaseException as e:
-        if isinstance(e, NonFiniteLoss):  # every process saw the same loss: finish in-flight saves, they are good
-            try:
-                engine.finish()
-            except Exception:
-                pass
-        summary["error"] = f"{type(e).__name__}: {e}"
-        summary["traceback"] = traceback.format_exc(limit=8)
-        _fill_timing(summary, step_times, losses, compile_s, ttfs, t, tokens_per_step, cfg, peak, engine)
-        w.write("summary", **summary)
-        w.close()
-        raise
-    w.write("summary", **summary)
-    w.close()
-    if main:
-        print(f"[scaleout] {summary['status']}: {summary['steps']} steps, final loss {summary['final_loss']}, "
-              f"{summary['tokens_per_s'] or 0:.0f} tokens/s, compile {summary['compile_s'] or 0:.2f} s, "
-              f"first step after {summary['time_to_first_step_s'] or 0:.2f} s", flush=True)
-    return summary
-
-
-def _fill_timing(summary, step_times, losses, compile_s, ttfs, t, tokens_per_step, cfg, peak, engine) -> None:
-    st = metrics.steady(step_times, t.warmup_exclude)
+    st = metrics.steady(timing.step_times, t.warmup_exclude)
     p50 = metrics.percentile(st, 50)
     mean = sum(st) / len(st) if st else None
-    if not compile_s and step_times and p50 is not None:  # lazy frameworks: the first steps' extra time
-        warm = step_times[: len(step_times) - len(st)] or step_times[:1]
+    compile_s = timing.compile_s
+    if not compile_s and timing.step_times and p50 is not None:
+        warm = timing.step_times[: len(timing.step_times) - len(st)] or timing.step_times[:1]
         compile_s = sum(max(0.0, x - p50) for x in warm)
     tps = tokens_per_step / mean if mean else None
-    summary.update({
-        "final_loss": losses[-1] if losses else None,
+    peak = timing.peak_flops_per_device
+    return {
+        "final_loss": timing.losses[-1] if timing.losses else None,
         "compile_s": compile_s,
-        "time_to_first_step_s": ttfs,
+        "time_to_first_step_s": timing.time_to_first_step_s,
         "step_time_p50_s": p50,
         "step_time_p90_s": metrics.percentile(st, 90),
         "step_time_mean_s": mean,
@@ -240,55 +238,124 @@ def _fill_timing(summary, step_times, losses, compile_s, ttfs, t, tokens_per_ste
         "mfu": flops.mfu(tps / cfg.devices, cfg.model, peak) if tps and peak else None,
         "peak_flops_per_device": peak,
         "timed_steps": len(st),
-    })
-    try:
-        summary["bytes_per_device"] = engine.bytes_per_device()
-        summary["peak_memory_bytes"] = engine.peak_memory_bytes()
-    except Exception:  # the state may not exist if init failed
-        summary.setdefault("bytes_per_device", None)
-        summary.setdefault("peak_memory_bytes", metrics.peak_rss_bytes())
+    }
 
 
-def _inject(fault: Fault) -> None:
-    if fault.kind == "crash":
-        raise RuntimeError(f"injected crash at step {fault.step} (SCALEOUT_FAULT)")
-    if fault.kind == "hang":
-        time.sleep(3600)
+# --------------------------------------------------------------------------- the loop
+
+def stop_requested(engine: Engine, stopper: Stopper) -> bool:
+    """Whether to stop now; with several processes, all of them decide together (a signal reaches
+    them at different steps, and one that stopped alone would leave the others in a collective)."""
+    stop = stopper.requested is not None
+    if engine.process_count > 1:
+        stop = engine.any_process(stop)
+    return stop
 
 
-def record_early_failure(framework: str, cfg: Config, cell_dir: Path, error: BaseException, is_main: bool) -> None:
-    """A failure before the loop starts (init, distributed setup) still leaves a failed summary."""
-    if is_main:
-        w = metrics.MetricsWriter(cell_dir / METRICS_NAME)
-        w.write("summary", framework=framework, devices=cfg.devices, status="failed",
-                error=f"{type(error).__name__}: {error}", steps=0, traceback=traceback.format_exc(limit=8))
-        w.close()
+def start_record(engine: Engine, cfg: Config) -> Dict[str, Any]:
+    t = cfg.train
+    return dict(framework=engine.framework, devices=cfg.devices, processes=engine.process_count,
+                device_kind=engine.device_kind, host_cores=os.cpu_count(), host=platform.node(),
+                config_hash=config_mod.math_hash(cfg), model=cfg.model.name, global_batch=t.global_batch,
+                seq_len=cfg.model.seq_len, mesh=config_mod.mesh_shape(cfg), versions=engine.versions())
 
 
-def exit_on_error(main_fn, where: str) -> None:
-    """Run a trainer's main; on an error print it and exit 1 at once.
+def run(engine: Engine, cfg: Config, cell_dir: Path, *, process_start: float, stopper: Stopper) -> Dict[str, Any]:
+    """Train from the latest checkpoint to `stop_after` or `steps`, or until `stopper` asks; returns the summary.
 
-    Exiting at once matters: atexit hooks (jax.distributed.shutdown, process-group teardown) would
-    wait for peers blocked in a collective with us, and the launcher must see the failure.
+    `process_start` is the `time.perf_counter()` the entry point took as its first statement;
+    `stopper` is the one it installed before anything else.
     """
-    import sys
+    main = engine.process_index == 0
+    t = cfg.train
+    tb = cell_dir / files.TENSORBOARD_DIR if cfg.metrics.tensorboard else None
+    w = metrics.MetricsWriter(cell_dir / files.METRICS_NAME, enabled=main, tensorboard_dir=tb)
+    w.write("start", **start_record(engine, cfg))
+    summary = SummaryBuilder(engine, cfg)
+    timer = StepTimer(process_start)
+    timing = Timing(step_times=timer.durations)
+    cadence = CheckpointCadence(cfg.checkpoint.every)
+    fault = Fault.from_env()
+    if fault and not fault.applies(engine.process_index, cell_dir.name):
+        fault = None
+    tokens_per_step = t.global_batch * cfg.model.seq_len
+    print_every = max(t.log_every, t.steps // 10)
     try:
-        code = main_fn()
-    except SystemExit:
-        raise
+        timing.peak_flops_per_device = peak = engine.peak_flops_per_device()
+        timing.compile_s = engine.compile()
+        if timing.compile_s:
+            w.write("compile", seconds=timing.compile_s)
+        start = engine.restore()
+        summary["resumed_from_step"] = start if start else None
+        summary["steps"] = start
+        stop = t.stop_after or t.steps
+        if main:
+            log.info(f"{engine.framework}: {cfg.devices} device(s) ({engine.device_kind}), "
+                     f"{engine.process_count} process(es), steps {start + 1}..{stop}" +
+                     (f", resumed from step {start}" if start else ""))
+        if stop_requested(engine, stopper):  # a signal during start-up: nothing new to save
+            summary["stopped_by"] = stopper.requested or "peer"
+            stop = start
+        for step in range(start, stop):
+            done = step + 1  # completed steps once this one is through
+            if fault:
+                fault.before_step(done)
+            lr = lr_at(step, t)
+            timer.start()
+            loss, gnorm = engine.train_step(step, lr)
+            dt = timer.stop()
+            if fault:
+                loss = fault.loss(done, loss)
+            timing.time_to_first_step_s = timer.time_to_first_step_s
+            if not math.isfinite(loss):
+                raise NonFiniteLoss(f"loss is {loss} at step {done}; stopped without saving, the last good checkpoint is kept")
+            timer.keep(dt)
+            timing.losses.append(loss)
+            summary["steps"] = done
+            if main and (done % t.log_every == 0 or done == stop):
+                tps = tokens_per_step / dt
+                w.write("step", step=done, loss=loss, grad_norm=gnorm, lr=lr, step_time_s=dt,
+                        tokens_per_s=tps, tokens_per_s_per_device=tps / cfg.devices,
+                        mfu=flops.mfu(tps / cfg.devices, cfg.model, peak) if peak else None)
+            if main and (done % print_every == 0 or done in (start + 1, stop)):
+                log.info(f"step {done}/{t.steps} loss {loss:.4f} grad_norm {gnorm:.3f} lr {lr:.2e} {dt * 1000:.1f} ms")
+            stop_now = stop_requested(engine, stopper)
+            last = done == stop or stop_now
+            if last:
+                timer.end_loop()
+            if cadence.due(done, last):
+                c0 = time.perf_counter()
+                engine.save(done)
+                w.write("checkpoint", step=done, seconds=time.perf_counter() - c0)
+            if stop_now:
+                summary["stopped_by"] = stopper.requested or "peer"
+                break
+        if not timing.compile_s and engine.lazy_compile_s:
+            timing.compile_s = engine.lazy_compile_s  # torch.compile: traced and compiled inside the first step
+            w.write("compile", seconds=timing.compile_s)
+        c0 = time.perf_counter()
+        engine.finish()
+        if timer.durations:
+            w.write("checkpoint_wait", seconds=time.perf_counter() - c0)
+        loop_tps = timer.loop_tokens_per_s(tokens_per_step, t.warmup_exclude)
+        if loop_tps is not None:
+            summary["loop_tokens_per_s"] = loop_tps
+        summary["status"] = "ok" if summary["steps"] >= t.steps else "stopped"
+        record = summary.build(timing)
     except BaseException as e:
-        traceback.print_exc()
-        print(f"[scaleout] error ({where}): {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
-    sys.exit(code)
-
-
-def read_cell(prog: str, argv=None):
-    """A trainer's command line, `--config CELL/config.yaml`, as (config, cell directory)."""
-    import argparse
-    ap = argparse.ArgumentParser(prog=prog)
-    ap.add_argument("--config", required=True, help="a cell's resolved config.yaml")
-    args = ap.parse_args(argv)
-    return config_mod.load_resolved(args.config), Path(args.config).resolve().parent
+        if isinstance(e, NonFiniteLoss):  # every process saw the same loss: finish in-flight saves, they are good
+            try:
+                engine.finish()
+            except Exception:
+                pass
+        summary.failed(e)
+        w.write("summary", **summary.build(timing))
+        w.close()
+        raise
+    w.write("summary", **record)
+    w.close()
+    if main:
+        log.info(f"{record['status']}: {record['steps']} steps, final loss {record['final_loss']}, "
+                 f"{record['tokens_per_s'] or 0:.0f} tokens/s, compile {record['compile_s'] or 0:.2f} s, "
+                 f"first step after {record['time_to_first_step_s'] or 0:.2f} s")
+    return record

@@ -5,13 +5,19 @@
   compile  seconds (lowering + compiling the train step; torch.compile time)
   step     step, loss, grad_norm, lr, step_time_s, tokens_per_s, tokens_per_s_per_device, mfu
   checkpoint  step, seconds (time the training loop was blocked)
-  summary  framework, devices, processes, status, error, steps, final_loss, compile_s,
-           time_to_first_step_s, step_time_p50_s, step_time_p90_s, tokens_per_s,
+  checkpoint_wait  seconds (waiting for in-flight saves at the end)
+  summary  framework, devices, processes, status (ok | stopped | failed), error, steps, final_loss,
+           compile_s, time_to_first_step_s, step_time_p50_s, step_time_p90_s, tokens_per_s,
            tokens_per_s_per_device, mfu, flops_per_token, peak_flops_per_device, params,
            bytes_per_device, peak_memory_bytes, resumed_from_step, loop_tokens_per_s
            (tokens/s over the wall clock of the steady steps, including what intermediate
-           checkpoint saves cost the loop; the final save is left out, as a long run amortises it)
+           checkpoint saves cost the loop; the final save is left out, as a long run amortises it),
+           stopped_by (the signal name, "launcher gone", or "peer" when another process stopped)
 A resumed cell appends; readers take the last summary and the step records of every segment.
+
+Every line is strict JSON: a NaN or infinite value is written as `null`, and the record then has
+`non_finite`, the list of its fields that were not finite (nested ones as `a.b`, list entries as
+`a[0]`), so the fact is kept.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import numpy as np
+
+from launch.files import read_records
 
 
 class MetricsWriter:
@@ -41,10 +49,14 @@ class MetricsWriter:
     def write(self, kind: str, **fields: Any) -> None:
         if not self.enabled:
             return
-        rec = {"kind": kind, "time": round(time.time(), 3), **fields}
-        self._f.write(json.dumps(rec, default=_jsonable) + "\n")
+        bad: List[str] = []
+        clean = {k: _finite_or_none(v, k, bad) for k, v in fields.items()}
+        rec = {"kind": kind, "time": round(time.time(), 3), **clean}
+        if bad:
+            rec["non_finite"] = bad
+        self._f.write(json.dumps(rec, default=str, allow_nan=False) + "\n")
         if self._tb is not None and kind == "step":
-            self._tb.scalars(fields["step"], {k: v for k, v in fields.items() if k != "step"})
+            self._tb.scalars(clean["step"], {k: v for k, v in clean.items() if k != "step"})
 
     def close(self) -> None:
         if self.enabled:
@@ -53,27 +65,23 @@ class MetricsWriter:
                 self._tb.close()
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, (np.floating, np.integer)):
-        return x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return str(x)
-    return str(x)
+def _finite_or_none(value: Any, path: str, bad: List[str]) -> Any:
+    """`value` as plain JSON data: numpy scalars as Python numbers, NaN/inf as None (path noted in `bad`)."""
+    if isinstance(value, (np.floating, np.integer, np.bool_)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        bad.append(path)
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v, f"{path}.{k}", bad) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(v, f"{path}[{i}]", bad) for i, v in enumerate(value)]
+    return value
 
 
 def read(path: Path) -> List[Dict[str, Any]]:
-    """Every record of a metrics file; a torn last line (process killed mid-write) is skipped."""
-    out = []
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        return out
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
+    """Every record of a metrics file; torn or non-object lines (a process killed mid-write) are skipped."""
+    return read_records(path)
 
 
 def steady(step_times: List[float], warmup_exclude: int) -> List[float]:

@@ -35,6 +35,11 @@ class ParamSpec:
     def per_layer(self) -> bool:
         return "{i}" in self.name
 
+    @property
+    def stacked_name(self) -> str:
+        """The JAX name, per-block entries stacked on a leading layers axis: `layers.attention.wq`."""
+        return self.name.replace(".{i}", "")
+
 
 def param_table(m: ModelConfig) -> Tuple[ParamSpec, ...]:
     d, f, v = m.d_model, m.d_ff, m.vocab_size
@@ -96,7 +101,7 @@ def stack(per_layer: Dict[str, np.ndarray], m: ModelConfig) -> Dict[str, np.ndar
     out = {}
     for spec in param_table(m):
         if spec.per_layer:
-            out[spec.name.replace(".{i}", "")] = np.stack([np.asarray(per_layer[spec.name.format(i=i)]) for i in range(m.n_layers)])
+            out[spec.stacked_name] = np.stack([np.asarray(per_layer[spec.name.format(i=i)]) for i in range(m.n_layers)])
         else:
             out[spec.name] = np.asarray(per_layer[spec.name])
     return out
@@ -107,7 +112,7 @@ def unstack(stacked: Dict[str, np.ndarray], m: ModelConfig) -> Dict[str, np.ndar
     out = {}
     for spec in param_table(m):
         if spec.per_layer:
-            arr = np.asarray(stacked[spec.name.replace(".{i}", "")])
+            arr = np.asarray(stacked[spec.stacked_name])
             for i in range(m.n_layers):
                 out[spec.name.format(i=i)] = arr[i]
         else:

@@ -14,7 +14,7 @@ from typing import Any, Dict, List
 from omegaconf import OmegaConf
 
 from launch import config as config_mod
-from launch import flops, rundir, sharding, targets
+from launch import engine, flops, rundir, sharding, targets
 from launch.params import LAYERS, count_params, param_table
 from launch.schema import Config
 
@@ -60,8 +60,7 @@ def describe(cfg: Config) -> Dict[str, Any]:
         "params_per_device": per_device,
         "flops_per_token": flops.flops_per_token(cfg.model),
         "tokens_per_step": cfg.train.global_batch * cfg.model.seq_len,
-        "bytes_per_device": {"weights": weights, "grads": weights, "optimizer": weights * ADAM_STATES,
-                             "total": weights * (2 + ADAM_STATES)},
+        "bytes_per_device": engine.bytes_per_device(weights=weights, optimizer=weights * ADAM_STATES),
         "mesh": {"axes": dict(mesh), "batch": {"split": list(sharding.BATCH_AXES), "global": cfg.train.global_batch,
                                                "per_device": cfg.train.global_batch // dp,
                                                "micro_batch_per_device": cfg.train.global_batch // dp // cfg.train.grad_accum},

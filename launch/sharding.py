@@ -3,8 +3,9 @@
 JAX mesh axes are ("data", "fsdp", "tensor"). The batch is split over data x fsdp; weights are
 split over fsdp along their `embed` dimension and over tensor along heads / mlp / vocab; the
 stacked `layers` axis and norms are never split. PyTorch FSDP2 shards dimension 0 of every
-parameter over the fsdp axis (replicated over data in HSDP). `jaxrun.mesh` and `launch.plan`
-both read these rules; nothing else decides sharding.
+parameter over the fsdp axis (replicated over data in HSDP). `jaxrun.mesh` turns these rules into
+every sharding the JAX trainer uses (parameters, batch, grad-accumulation micro-batches,
+activations) and `launch.plan` describes them; nothing else decides sharding.
 """
 
 from __future__ import annotations

@@ -1,11 +1,126 @@
-"""Read a JAX cell's checkpoint back as numpy (for tests comparing weights)."""
+"""Helpers for tests that start a trainer directly (`python -m jaxrun` / `torchrun_fsdp`), without the
+launcher: write a cell's config, start the trainer, wait for its records, read a checkpoint back."""
 
+import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
-from typing import Dict
+from typing import Dict, List, Optional
 
 import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def final_params(ckpt_dir: Path, step: int) -> Dict[str, np.ndarray]:
     from jaxrun.checkpoint import load_params_numpy
     return load_params_numpy(ckpt_dir, step)
+
+
+def write_cell(cell_dir: Path, *overrides: str) -> Path:
+    """A resolved cell config at `cell_dir`/config.yaml, as the launcher writes one: checkpoints in
+    `cell_dir`/checkpoints unless an override says otherwise."""
+    from launch import config
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    cfg = config.load([f"checkpoint.dir={cell_dir / 'checkpoints'}", f"jax.cache_dir={cell_dir.parent / 'jaxcache'}",
+                       f"run.dir={cell_dir.parent}", "checkpoint.async=false", *overrides])
+    path = cell_dir / "config.yaml"
+    config.save(cfg, path)
+    return path
+
+
+def trainer_argv(framework: str, config_path: Path, nproc: int = 1) -> List[str]:
+    if framework == "jax":
+        return [sys.executable, "-m", "jaxrun", "--config", str(config_path)]
+    if nproc == 1:
+        return [sys.executable, "-m", "torchrun_fsdp", "--config", str(config_path)]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            "-m", "torchrun_fsdp", "--config", str(config_path)]
+
+
+def trainer_env(devices: int = 1, **extra: str) -> Dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    for key in ("SCALEOUT_FAULT", "SCALEOUT_PARENT_PID", "SCALEOUT_PROCESS_ID", "RANK"):
+        env.pop(key, None)
+    env.update(extra)
+    return env
+
+
+def run_trainer(framework: str, config_path: Path, nproc: int = 1, timeout: float = 300, **env: str):
+    """Run a trainer to the end: (completed process, records of its metrics.jsonl)."""
+    p = subprocess.run(trainer_argv(framework, config_path, nproc), cwd=config_path.parent, capture_output=True,
+                       text=True, timeout=timeout, env=trainer_env(nproc, **env))
+    return p, records(config_path.parent)
+
+
+def records(cell_dir: Path) -> List[dict]:
+    from launch.files import read_records
+    return read_records(cell_dir / "metrics.jsonl")
+
+
+def wait_for(predicate, timeout: float = 120, what: str = "condition") -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def steps_recorded(cell_dir: Path) -> int:
+    return sum(1 for r in records(cell_dir) if r.get("kind") == "step")
+
+
+def catches(pid: int, sig: int) -> bool:
+    """Whether process `pid` has a handler installed for `sig` (Linux /proc SigCgt)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(mask & (1 << (sig - 1)))
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def children(pid: int) -> List[int]:
+    """Every descendant of `pid` (Linux /proc)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            kids = [int(c) for t in Path(f"/proc/{p}/task").iterdir()
+                    for c in (t / "children").read_text().split()]
+        except OSError:
+            kids = []
+        out += kids
+        todo += kids
+    return out
+
+
+def kill_all(pids) -> None:
+    """Test teardown: nothing this test started may outlive it."""
+    import signal
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def summary(recs: List[dict]) -> Optional[dict]:
+    s = [r for r in recs if r.get("kind") == "summary"]
+    return s[-1] if s else None
+
+
+def last_json_line(text: str) -> dict:
+    return json.loads(text.strip().splitlines()[-1])

@@ -1,5 +1,6 @@
 """The JAX trainer, run for real: sharding does not change the math, checkpoints resume exactly."""
 
+import json
 import os
 import signal
 import subprocess
@@ -179,3 +180,94 @@ def test_fsdp4_each_device_holds_a_quarter(tmp_path):
         else:
             assert all(s.data.size * 4 == leaf.size for s in shards), name
             assert len({str(s.index) for s in shards}) == 4, name  # four different quarters
+
+
+# --------------------------------------------------------------------------- the trainer started directly
+# (python -m jaxrun --config CELL/config.yaml, as every target starts it; no launcher involved)
+
+def test_checkpoint_of_another_run_is_refused_unless_load_from(tmp_path):
+    from jaxrun_helpers import run_trainer, summary as last, write_cell
+    shared = tmp_path / "shared-ckpt"
+    a = write_cell(tmp_path / "a", "run.id=run-a", f"checkpoint.dir={shared}", "train.steps=6", "train.stop_after=4")
+    p, recs = run_trainer("jax", a)
+    assert p.returncode == 0 and last(recs)["status"] == "stopped", p.stderr[-2000:]
+    assert json.loads((shared / "4" / "meta" / "metadata").read_text())["run_id"] == "run-a"
+    # run B finds run A's checkpoint where its own would be: refused, in one sentence naming both runs
+    b = write_cell(tmp_path / "b", "run.id=run-b", f"checkpoint.dir={shared}", "train.steps=6")
+    p, recs = run_trainer("jax", b)
+    assert p.returncode == 1
+    err = last(recs)["error"]
+    assert err.startswith("CheckpointMismatch: ") and "run run-a, not to this run run-b" in err and str(shared) in err
+    assert "\n" not in err and f"error (process 0): {err}" in p.stderr
+    # ... and accepted when run B starts from it on purpose
+    c = write_cell(tmp_path / "c", "run.id=run-b", f"checkpoint.load_from={shared}", "train.steps=6")
+    p, recs = run_trainer("jax", c)
+    assert p.returncode == 0, p.stderr[-2000:]
+    s = last(recs)
+    assert s["status"] == "ok" and s["resumed_from_step"] == 4 and s["steps"] == 6
+
+
+def test_second_sigterm_ends_a_hung_trainer(tmp_path):
+    from jaxrun_helpers import kill_all, steps_recorded, trainer_argv, trainer_env, wait_for, write_cell
+    cfg = write_cell(tmp_path / "cell", "train.steps=20")
+    proc = subprocess.Popen(trainer_argv("jax", cfg), env=trainer_env(1, SCALEOUT_FAULT="hang@3"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: steps_recorded(cfg.parent) == 2, what="two steps")
+        time.sleep(0.5)  # inside the hang of step 3
+        proc.send_signal(signal.SIGTERM)  # asks for a clean stop after the step: the step never ends
+        time.sleep(2.0)
+        assert proc.poll() is None
+        t0 = time.time()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 128 + signal.SIGTERM
+        assert time.time() - t0 < 5
+        assert "second SIGTERM: exiting now without saving" in proc.stderr.read()
+    finally:
+        kill_all([proc.pid])
+
+
+def test_signal_during_start_up_stops_cleanly(tmp_path):
+    """A signal before the loop starts (distributed init, model build) ends the trainer cleanly, not by the signal."""
+    from jaxrun_helpers import catches, kill_all, records, summary as last, trainer_argv, trainer_env, wait_for, write_cell
+    cfg = write_cell(tmp_path / "cell", "train.steps=20")
+    proc = subprocess.Popen(trainer_argv("jax", cfg), env=trainer_env(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: catches(proc.pid, signal.SIGTERM), timeout=30, what="the trainer's SIGTERM handler")
+        assert not records(cfg.parent)  # still starting up
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+        s = last(records(cfg.parent))
+        assert s["status"] == "stopped" and s["stopped_by"] == "SIGTERM" and s["steps"] == 0
+        assert not [r for r in records(cfg.parent) if r["kind"] == "step"]
+    finally:
+        kill_all([proc.pid])
+
+
+LAUNCHER = """
+import os, subprocess, sys
+log = open(sys.argv[1], "w")
+p = subprocess.Popen(sys.argv[2:], stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "SCALEOUT_PARENT_PID": str(os.getpid())})
+print(p.pid, flush=True)
+p.wait()
+"""
+
+
+def test_trainer_dies_with_its_launcher(tmp_path):
+    """The launcher is SIGKILLed (it cannot clean up): its trainer stops by itself, after a checkpoint."""
+    from jaxrun_helpers import alive, kill_all, records, steps_recorded, summary as last, trainer_argv, trainer_env, \
+        wait_for, write_cell
+    cfg = write_cell(tmp_path / "cell", "train.steps=100000", "checkpoint.every=0")
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path / "trainer.log"), *trainer_argv("jax", cfg)],
+                                env=trainer_env(1), stdout=subprocess.PIPE, text=True)
+    trainer = int(launcher.stdout.readline())
+    try:
+        wait_for(lambda: steps_recorded(cfg.parent) >= 2, what="two steps")
+        launcher.kill()
+        launcher.wait()
+        wait_for(lambda: not alive(trainer), timeout=60, what="the trainer to exit")
+        s = last(records(cfg.parent))
+        assert s["status"] == "stopped" and s["stopped_by"] in ("SIGTERM", "launcher gone"), s
+        assert (cfg.parent / "checkpoints" / str(s["steps"])).is_dir()
+    finally:
+        kill_all([launcher.pid, trainer])

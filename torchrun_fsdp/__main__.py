@@ -2,17 +2,19 @@
 
 The rendezvous comes from the environment torchrun (or, under SLURM,
 `submitit.helpers.TorchDistributedEnvironment().export()`) sets: RANK, WORLD_SIZE, MASTER_ADDR...
-CPU uses gloo, CUDA uses NCCL.
+CPU uses gloo, CUDA uses NCCL. Started by hand without RANK, it runs as a single process.
 """
 
-from launch.loop import PROCESS_START  # noqa: F401  (first: time to first step counts from here)
-
 import os
+import time
+from typing import Optional
 
 
 def setup_distributed(cfg) -> None:
     import torch
     import torch.distributed as dist
+
+    from launch.engine import threads_per_process
 
     if not dist.is_initialized():
         if "RANK" not in os.environ:  # started by hand as one process
@@ -21,25 +23,29 @@ def setup_distributed(cfg) -> None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend)
     if not torch.cuda.is_available():
-        threads = cfg.local.threads or max(1, (os.cpu_count() or 1) // dist.get_world_size())
-        torch.set_num_threads(threads)
+        torch.set_num_threads(threads_per_process(cfg, dist.get_world_size()))
     if dist.get_world_size() != cfg.devices:
         raise RuntimeError(f"devices={cfg.devices} but {dist.get_world_size()} ranks were started")
 
 
-def main(argv=None) -> int:
-    from launch import loop
+def main(argv=None, process_start: Optional[float] = None) -> int:
+    if process_start is None:
+        process_start = time.perf_counter()
+    from launch import engine
 
-    cfg, cell_dir = loop.read_cell("python -m torchrun_fsdp", argv)
-    try:
+    stopper = engine.Stopper().install()  # before anything slow: a signal from here on stops cleanly
+    engine.die_with_launcher(stopper)
+    from launch import envvars, log, loop
+
+    rank = envvars.process_index()
+    log.setup(process_index=rank)
+    cfg, cell_dir = engine.read_cell("python -m torchrun_fsdp", argv)
+    with engine.early_failure("torch", cfg, cell_dir, rank):
         setup_distributed(cfg)
         from torchrun_fsdp.train import TorchEngine
-        engine = TorchEngine(cfg, cell_dir)
-    except Exception as e:
-        loop.record_early_failure("torch", cfg, cell_dir, e, int(os.environ.get("RANK", "0")) == 0)
-        raise
+        trainer = TorchEngine(cfg, cell_dir)
     try:
-        loop.run(engine, cfg, cell_dir)
+        loop.run(trainer, cfg, cell_dir, process_start=process_start, stopper=stopper)
     finally:
         import torch.distributed as dist
         if dist.is_initialized():
@@ -48,5 +54,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from launch.loop import exit_on_error
-    exit_on_error(main, f"rank {os.environ.get('RANK', '0')}")
+    started = time.perf_counter()  # first: time to first step counts from here
+    from launch import engine, envvars
+    engine.exit_on_error(lambda: main(process_start=started), f"rank {envvars.process_index()}")

@@ -8,15 +8,16 @@ writes meta.json and the COMMIT marker and renames the directory to `step_<N>`. 
 without COMMIT is never loaded (a warning names it). `checkpoint.async` uses `dcp.async_save`
 on a separate gloo group, with at most one save in flight. Loading goes through
 `get_state_dict`/`set_state_dict`, so a checkpoint written by 4 ranks loads on 2 (DCP reshards).
+Which checkpoint to load, and whether this cell may continue from it, is `launch.engine`'s rule.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
-import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -24,15 +25,14 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from launch.config import math_hash
+from launch import engine
 from launch.schema import Config
 
+log = logging.getLogger(__name__)
+
 COMMIT = "COMMIT"
+META = "meta.json"
 STEP_RE = re.compile(r"^step_(\d+)$")
-
-
-class CheckpointMismatch(RuntimeError):
-    pass
 
 
 def complete_steps(root: Path, warn: bool = False) -> List[Tuple[int, Path]]:
@@ -45,7 +45,7 @@ def complete_steps(root: Path, warn: bool = False) -> List[Tuple[int, Path]]:
         if m and (p / COMMIT).is_file():
             out.append((int(m.group(1)), p))
         elif warn and (m or p.name.startswith(".tmp-step_")):
-            warnings.warn(f"ignoring incomplete checkpoint {p} (no {COMMIT} marker: the save was interrupted)", stacklevel=2)
+            log.warning(f"ignoring incomplete checkpoint {p} (no {COMMIT} marker: the save was interrupted)")
     return sorted(out)
 
 
@@ -89,7 +89,7 @@ class Checkpointer:
     def _commit(self, step: int, tmp: Path, meta: Dict[str, Any]) -> None:
         if self.rank != 0:
             return
-        (tmp / "meta.json").write_text(json.dumps({**meta, "step": step}))
+        (tmp / META).write_text(json.dumps(meta))
         with open(tmp / COMMIT, "w") as f:
             f.write(str(step))
             f.flush()
@@ -102,26 +102,22 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ load
     def restore_latest(self) -> int:
-        """Load the latest committed step of this cell, else of `checkpoint.load_from`; 0 if none."""
-        steps = complete_steps(self.root, warn=self.rank == 0)
-        if not steps and self.cfg.checkpoint.load_from:
-            steps = complete_steps(Path(self.cfg.checkpoint.load_from), warn=self.rank == 0)
-            if not steps:
-                raise FileNotFoundError(f"checkpoint.load_from={self.cfg.checkpoint.load_from!r} holds no committed checkpoint")
-        if not steps:
-            return 0
-        step, path = steps[-1]
-        meta = json.loads((path / "meta.json").read_text())
-        want = math_hash(self.cfg)
-        if meta.get("config_hash") != want:
-            raise CheckpointMismatch(
-                f"the checkpoint at step {step} in {path.parent} was written by a different model/train/data config "
-                f"(hash {meta.get('config_hash')}, this run {want}); use another run.name or remove that directory")
+        """Load the checkpoint `launch.engine.restore_latest` picks; the step it holds, 0 if none."""
+        step, _ = engine.restore_latest(self.cfg, self._latest_step, self._read_meta, self._load)
+        return step
+
+    def _latest_step(self, root: str) -> Optional[int]:
+        steps = complete_steps(Path(root), warn=self.rank == 0)
+        return steps[-1][0] if steps else None
+
+    def _read_meta(self, found: engine.Found) -> Dict[str, Any]:
+        return json.loads((Path(found.root) / f"step_{found.step}" / META).read_text())
+
+    def _load(self, found: engine.Found) -> None:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(path))
+        dcp.load(state, checkpoint_id=str(Path(found.root) / f"step_{found.step}"))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        return step
 
     def close(self) -> None:
         self.wait()

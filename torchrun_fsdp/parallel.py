@@ -1,13 +1,15 @@
-"""How the PyTorch model is spread over devices: FSDP2, activation checkpointing, torch.compile.
+"""How the PyTorch model is spread over devices: activation checkpointing, torch.compile, FSDP2.
 
-`fully_shard` wraps each block, then the root (a single fp32 rank is left unwrapped: there is
-nothing to shard, and FSDP's hooks would only cost time). With `parallel.data>1` and `parallel.fsdp>1` the
-mesh is 2-D and FSDP2 does HSDP (replicate over data, shard over fsdp). bf16 compute uses
-`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`.
+`parallelize(model, cfg, mesh)` is the one place that decides, as torchtitan's `parallelize_llama`
+does, in this order: activation checkpointing per block (`apply_ac`), then `torch.compile` per
+block (`apply_compile`, so the compiled region includes the recomputation), then FSDP2
+(`apply_fsdp`: `fully_shard` on each block, then the root). A single fp32 rank is left unwrapped:
+there is nothing to shard, and FSDP's hooks would only cost time. With `parallel.data>1` and
+`parallel.fsdp>1` the mesh is 2-D and FSDP2 does HSDP (replicate over data, shard over fsdp).
+bf16 compute uses `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`.
 """
 
 from __future__ import annotations
-
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -20,6 +22,22 @@ from launch.schema import Config
 def build_mesh(cfg: Config, device_type: str) -> DeviceMesh:
     shape = mesh_shape(cfg)
     return init_device_mesh(device_type, (shape["data"], shape["fsdp"]), mesh_dim_names=("data", "fsdp"))
+
+
+def parallelize(model: torch.nn.Module, cfg: Config, mesh: DeviceMesh) -> torch.nn.Module:
+    """Apply AC, then compile, then FSDP to `model` (built on the meta device); returns it."""
+    m = cfg.model
+    apply_ac(model, m.remat)
+    if cfg.torch.compile:
+        apply_compile(model)
+    if needs_fsdp(mesh, m.dtype):
+        apply_fsdp(model, mesh, m.dtype)
+    return model
+
+
+def needs_fsdp(mesh: DeviceMesh, dtype: str) -> bool:
+    """FSDP unless this is one fp32 rank: nothing to shard, no dtype to cast, so its hooks are pure cost."""
+    return mesh.size() > 1 or dtype == "bf16"
 
 
 def fsdp_mesh(mesh: DeviceMesh) -> DeviceMesh:

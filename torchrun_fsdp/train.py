@@ -9,6 +9,7 @@ AdamW with eps outside the sqrt and decoupled decay on matmul weights only, lr f
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import time
@@ -20,8 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from launch import metrics
-from launch.config import math_hash, mesh_shape
+from launch import engine
 from launch.data import Batches
 from launch.params import init_param, named_params
 from launch.schema import Config
@@ -57,12 +57,8 @@ class TorchEngine:
         m = cfg.model
         with torch.device("meta"):
             model = Transformer(m)
-        parallel.apply_ac(model, m.remat)
-        self.lazy_compile_s = 0.0
-        if cfg.torch.compile:
-            parallel.apply_compile(model)
-        if self.world > 1 or m.dtype == "bf16":  # one fp32 rank has nothing to shard: skip FSDP's hooks
-            parallel.apply_fsdp(model, self.mesh, m.dtype)
+        parallel.parallelize(model, cfg, self.mesh)
+        self.lazy_compile_s = 0.0  # torch.compile's time, measured in the first step
         model.to_empty(device=self.device)
         self.model = model
         self._init_weights()
@@ -135,8 +131,7 @@ class TorchEngine:
             torch.cuda.synchronize()
 
     def save(self, step: int) -> None:
-        self.ckpt.save(step, {"framework": "torch", "config_hash": math_hash(self.cfg), "mesh": mesh_shape(self.cfg),
-                              "devices": self.cfg.devices, "processes": self.world, "versions": self.versions()})
+        self.ckpt.save(step, engine.checkpoint_metadata(self.cfg, self.framework, self.world, self.versions(), step))
 
     def finish(self) -> None:
         self.ckpt.close()
@@ -153,7 +148,9 @@ class TorchEngine:
         from launch.flops import datasheet_peak
         if self.device.type == "cuda":
             return datasheet_peak(self.device_kind) or 0.0
-        return cpu_peak_per_device(self.world)
+        with _all_host_cores():
+            return engine.cpu_peak_per_device(self.cfg.devices, self.rank, self.world, matmul=_cpu_matmul,
+                                              barrier=dist.barrier, broadcast=_broadcast_from_rank0)
 
     def bytes_per_device(self) -> Dict[str, int]:
         def local_bytes(t: torch.Tensor) -> int:
@@ -163,12 +160,11 @@ class TorchEngine:
         w = sum(local_bytes(p) for p in self.model.parameters())
         opt = sum(local_bytes(v) for s in self.optimizer.state.values() for v in s.values()
                   if isinstance(v, torch.Tensor) and v.dim() > 0)
-        return {"weights": w, "grads": w, "optimizer": opt, "total": 2 * w + opt}
+        return engine.bytes_per_device(weights=w, optimizer=opt)
 
     def peak_memory_bytes(self) -> int:
-        if self.device.type == "cuda":
-            return int(torch.cuda.max_memory_allocated(self.device))
-        return metrics.peak_rss_bytes()
+        cuda = self.device.type == "cuda"
+        return engine.peak_memory_bytes(int(torch.cuda.max_memory_allocated(self.device)) if cuda else None)
 
 
 def _canonical(name: str) -> str:
@@ -176,19 +172,24 @@ def _canonical(name: str) -> str:
     return name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
 
 
-def cpu_peak_per_device(world: int) -> float:
-    """Host fp32 matmul peak, measured now by rank 0 with all cores while the others wait, / world."""
-    peak = torch.zeros(1)
-    dist.barrier()
-    if dist.get_rank() == 0:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(os.cpu_count() or 1)
+def _cpu_matmul(n: int):
+    """One n x n fp32 matmul (what `launch.metrics.calibrate_matmul` times)."""
+    a = torch.ones(n, n)
+    return lambda: torch.mm(a, a)
 
-        def run(n):
-            a = torch.ones(n, n)
-            return lambda: torch.mm(a, a)
 
-        peak[0] = metrics.calibrate_matmul(run)
+@contextlib.contextmanager
+def _all_host_cores():
+    """The host's matmul peak is measured with every core (a rank normally has its share of them)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        yield
+    finally:
         torch.set_num_threads(threads)
-    dist.broadcast(peak, src=0)
-    return float(peak[0]) / world
+
+
+def _broadcast_from_rank0(value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.broadcast(t, src=0)
+    return float(t[0])

@@ -1,0 +1,227 @@
+"""The shared trainer layer (launch.engine) and the loop's pieces, without starting a trainer."""
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from launch import config, engine, loop, metrics
+from launch.params import param_table
+
+
+def _cfg(*overrides):
+    return config.load(["checkpoint.dir=/ck/own", *overrides])
+
+
+def _meta(cfg, run_id):
+    return {"config_hash": config.math_hash(cfg), "run_id": run_id}
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+def test_checkpoint_metadata_is_one_dict_for_both_frameworks():
+    cfg = _cfg("run.id=r1", "devices=2")
+    meta = engine.checkpoint_metadata(cfg, "torch", 2, {"torch": "x"}, step=7)
+    assert meta == {"framework": "torch", "config_hash": config.math_hash(cfg), "run_id": "r1",
+                    "mesh": {"data": 1, "fsdp": 2, "tensor": 1}, "devices": 2, "processes": 2,
+                    "versions": {"torch": "x"}, "step": 7}
+    json.dumps(meta)
+
+
+def test_another_runs_checkpoint_is_refused_in_one_sentence():
+    cfg = _cfg("run.id=run-b")
+    found = engine.Found("/ck/own", 4, load_from=False)
+    with pytest.raises(engine.CheckpointMismatch) as e:
+        engine.check_checkpoint(_meta(cfg, "run-a"), cfg, found)
+    msg = str(e.value)
+    assert "run-a" in msg and "run-b" in msg and "/ck/own" in msg and "step 4" in msg
+    assert "\n" not in msg and msg.count(". ") == 0, msg
+    assert "checkpoint.load_from=/ck/own" in msg  # says how to do it on purpose
+    # a checkpoint that records no run is not this run's either
+    with pytest.raises(engine.CheckpointMismatch, match="no recorded run"):
+        engine.check_checkpoint({"config_hash": config.math_hash(cfg)}, cfg, found)
+
+
+def test_load_from_accepts_another_run_but_not_other_math():
+    cfg = _cfg("run.id=run-b")
+    borrowed = engine.Found("/ck/other", 4, load_from=True)
+    engine.check_checkpoint(_meta(cfg, "run-a"), cfg, borrowed)  # on purpose: fine
+    other_math = _cfg("run.id=run-b", "model.d_model=32")
+    with pytest.raises(engine.CheckpointMismatch, match="different model/train/data config"):
+        engine.check_checkpoint(_meta(other_math, "run-a"), cfg, borrowed)
+
+
+def test_a_trainer_started_by_hand_has_no_run_to_check():
+    cfg = _cfg()
+    assert engine.run_id(cfg) is None
+    engine.check_checkpoint(_meta(cfg, "whoever"), cfg, engine.Found("/ck/own", 1, load_from=False))
+
+
+def test_fallback_own_then_load_from_then_fresh():
+    latest = {"/ck/own": None, "/ck/other": 6}
+    cfg = _cfg("checkpoint.load_from=/ck/other")
+    assert engine.find_checkpoint(cfg, latest.get) == engine.Found("/ck/other", 6, load_from=True)
+    latest["/ck/own"] = 2
+    assert engine.find_checkpoint(cfg, latest.get) == engine.Found("/ck/own", 2, load_from=False)
+    assert engine.find_checkpoint(_cfg(), {"/ck/own": None}.get) is None
+    with pytest.raises(FileNotFoundError, match="checkpoint.load_from='/ck/other' holds no complete checkpoint"):
+        engine.find_checkpoint(cfg, {"/ck/own": None, "/ck/other": None}.get)
+
+
+def test_restore_latest_checks_before_it_loads():
+    cfg = _cfg("run.id=b")
+    loaded = []
+    read = lambda found: _meta(cfg, "a")  # noqa: E731
+    with pytest.raises(engine.CheckpointMismatch):
+        engine.restore_latest(cfg, {"/ck/own": 3}.get, read, loaded.append)
+    assert loaded == []
+    step, state = engine.restore_latest(cfg, {"/ck/own": 3}.get, lambda f: _meta(cfg, "b"), lambda f: "state")
+    assert (step, state) == (3, "state")
+    assert engine.restore_latest(cfg, {"/ck/own": None}.get, read, loaded.append) == (0, None)
+
+
+# --------------------------------------------------------------------------- measurement plumbing
+
+def test_bytes_per_device_and_peak_memory_fallback():
+    assert engine.bytes_per_device(weights=10, optimizer=20) == {"weights": 10, "grads": 10, "optimizer": 20, "total": 40}
+    assert engine.peak_memory_bytes(123) == 123
+    assert engine.peak_memory_bytes(None) == metrics.peak_rss_bytes() > 0
+
+
+def test_cpu_peak_is_measured_by_process_0_and_shared():
+    calls = []
+
+    def matmul(n):
+        calls.append(n)
+        return lambda: sum(range(1000))
+
+    shared = {}
+
+    def broadcast(value):
+        shared["sent"] = value
+        return 8e9
+
+    # process 1 does not measure; it takes process 0's number, per device
+    assert engine.cpu_peak_per_device(4, 1, 2, matmul, barrier=lambda: calls.append("barrier"),
+                                      broadcast=broadcast) == 2e9
+    assert calls == ["barrier"] and shared["sent"] == 0.0
+    calls.clear()
+    peak = engine.cpu_peak_per_device(4, 0, 2, matmul, barrier=lambda: calls.append("barrier"), broadcast=lambda v: v)
+    assert calls[0] == "barrier" and calls[1] == 1024 and peak > 0
+    calls.clear()
+    engine.cpu_peak_per_device(1, 0, 1, matmul, barrier=lambda: calls.append("barrier"), broadcast=None)
+    assert "barrier" not in calls  # one process: nobody to wait for
+
+
+def test_threads_per_process():
+    import os
+    assert engine.threads_per_process(_cfg("local.threads=3"), 8) == 3
+    assert engine.threads_per_process(_cfg(), 1) == max(1, os.cpu_count() or 1)
+    assert engine.threads_per_process(_cfg(), 10 ** 6) == 1
+
+
+def test_stacked_names():
+    names = {spec.name: spec.stacked_name for spec in param_table(config.load().model)}
+    assert names["layers.{i}.attention.wq"] == "layers.attention.wq"
+    assert names["output"] == "output"
+
+
+# --------------------------------------------------------------------------- metrics
+
+def test_non_finite_values_are_written_as_null_and_named(tmp_path):
+    w = metrics.MetricsWriter(tmp_path / "m.jsonl")
+    w.write("step", step=3, loss=float("nan"), grad_norm=np.float32("inf"), lr=np.float64(0.5),
+            nested={"a": float("-inf"), "b": [1.0, float("nan")]})
+    w.write("step", step=4, loss=1.0)
+    w.close()
+    lines = (tmp_path / "m.jsonl").read_text().splitlines()
+    first = json.loads(lines[0], parse_constant=lambda c: pytest.fail(f"bare {c} in metrics.jsonl"))
+    assert first["loss"] is None and first["grad_norm"] is None and first["lr"] == 0.5
+    assert first["nested"] == {"a": None, "b": [1.0, None]}
+    assert first["non_finite"] == ["loss", "grad_norm", "nested.a", "nested.b[1]"]
+    assert "non_finite" not in json.loads(lines[1])
+
+
+def test_read_skips_torn_and_non_object_lines(tmp_path):
+    p = tmp_path / "m.jsonl"
+    p.write_text('{"kind": "step", "step": 1}\nnull\n[1]\n{"kind": "summ')
+    assert metrics.read(p) == [{"kind": "step", "step": 1}]
+    assert metrics.read(tmp_path / "missing.jsonl") == []
+
+
+# --------------------------------------------------------------------------- the loop's pieces
+
+def test_checkpoint_cadence():
+    c = loop.CheckpointCadence(every=4)
+    assert [s for s in range(1, 11) if c.due(s, last=s == 10)] == [4, 8, 10]
+    assert [s for s in range(1, 6) if loop.CheckpointCadence(0).due(s, last=s == 5)] == [5]
+
+
+def test_step_timer_and_summary_timing():
+    timer = loop.StepTimer(process_start=0.0)
+    for _ in range(5):
+        timer.start()
+        timer.keep(timer.stop())
+    timer.end_loop()
+    assert timer.time_to_first_step_s > 0 and len(timer.durations) == 5
+    assert timer.loop_tokens_per_s(100, warmup_exclude=3) > 0
+    cfg = _cfg("train.warmup_exclude=1")
+    timing = loop.Timing(step_times=[2.0, 1.0, 1.0, 1.0], losses=[5.0, 4.0, 3.0, 2.0], compile_s=None,
+                         time_to_first_step_s=3.0, peak_flops_per_device=1e12)
+    f = loop.timing_fields(timing, cfg)
+    tokens = cfg.train.global_batch * cfg.model.seq_len
+    assert f["final_loss"] == 2.0 and f["timed_steps"] == 3 and f["step_time_p50_s"] == 1.0
+    assert f["compile_s"] == pytest.approx(1.0)  # lazy: the warm-up step's extra time
+    assert f["tokens_per_s"] == pytest.approx(tokens) and f["mfu"] is not None
+    assert loop.timing_fields(loop.Timing(compile_s=2.5), cfg)["compile_s"] == 2.5
+
+
+def test_engine_protocol_has_lazy_compile_s():
+    assert "lazy_compile_s" in loop.Engine.__annotations__
+
+
+# --------------------------------------------------------------------------- process life
+
+STOPPER = textwrap.dedent("""
+    import os, signal, sys, time
+    from launch.engine import Stopper
+    s = Stopper().install()
+    os.kill(os.getpid(), signal.SIGUSR2)
+    os.kill(os.getpid(), signal.SIGTERM)
+    print(s.requested, flush=True)  # the first signal asked to stop; USR2 does not count as a second
+    os.kill(os.getpid(), signal.{second})
+    time.sleep(30)
+    print("still alive", flush=True)
+""")
+
+
+@pytest.mark.parametrize("second", ["SIGTERM", "SIGINT"])
+def test_second_termination_signal_exits_at_once(second):
+    p = subprocess.run([sys.executable, "-c", STOPPER.format(second=second)], capture_output=True, text=True, timeout=20)
+    assert p.stdout.split() == ["SIGUSR2"]
+    assert p.returncode == 128 + getattr(signal, second)
+    assert f"second {second}" in p.stderr
+
+
+def test_importing_the_loop_sets_nothing_and_needs_no_framework():
+    code = ("import sys, launch.loop, launch.engine; "
+            "print(hasattr(launch.loop, 'PROCESS_START'), sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'torch')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout.split("\n")[0]
+    assert out == "False []"
+
+
+def test_pid_alive():
+    import os
+    assert engine.pid_alive(os.getpid())
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    assert not engine.pid_alive(p.pid)
+    z = subprocess.Popen([sys.executable, "-c", "pass"])
+    import time
+    time.sleep(1.0)  # exited but not reaped: a zombie is not alive
+    assert not engine.pid_alive(z.pid)
+    z.wait()
