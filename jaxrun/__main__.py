@@ -4,7 +4,8 @@ Joins the distributed runtime when there is more than one process: explicit coor
 settings from the local launcher or the TPU emulation (SCALEOUT_COORDINATOR,
 SCALEOUT_NUM_PROCESSES, SCALEOUT_PROCESS_ID), or `jax.distributed.initialize()`'s own detection
 when the SLURM or TPU target says so (SCALEOUT_DISTRIBUTED=slurm|tpu). On CPU the collectives go
-over gloo.
+over gloo. Everything around that (signal handlers first, logging, the failed summary of a failed
+start, the loop) is `launch.engine.run_trainer`, shared with the PyTorch trainer.
 """
 
 import os
@@ -49,25 +50,17 @@ def setup_cache(cfg) -> None:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+def build(cfg, cell_dir):
+    """The framework's part of starting up: join the runtime, set the cache, build the engine."""
+    setup_distributed()
+    setup_cache(cfg)
+    from jaxrun.train import JaxEngine
+    return JaxEngine(cfg, cell_dir)
+
+
 def main(argv=None, process_start: Optional[float] = None) -> int:
-    if process_start is None:
-        process_start = time.perf_counter()
-    from launch import engine
-
-    stopper = engine.Stopper().install()  # before anything slow: a signal from here on stops cleanly
-    engine.die_with_launcher(stopper)
-    from launch import envvars, log, loop
-
-    rank = envvars.process_index()
-    log.setup(process_index=rank)
-    cfg, cell_dir = engine.read_cell("python -m jaxrun", argv)
-    with engine.early_failure("jax", cfg, cell_dir, rank):
-        setup_distributed()
-        setup_cache(cfg)
-        from jaxrun.train import JaxEngine
-        trainer = JaxEngine(cfg, cell_dir)
-    loop.run(trainer, cfg, cell_dir, process_start=process_start, stopper=stopper)
-    return 0
+    from launch import engine  # light: the stop-signal handlers are installed before anything slow
+    return engine.run_trainer("jax", "python -m jaxrun", build, argv=argv, process_start=process_start)
 
 
 if __name__ == "__main__":

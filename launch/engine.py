@@ -7,8 +7,9 @@ load its checkpoints); the rules live here:
 - process life: `Stopper` (SIGUSR2/SIGTERM/SIGINT end training cleanly after the current step; a
   second SIGTERM/SIGINT ends the process at once) and `die_with_launcher` (parent-death signal
   plus a watchdog on the launcher's PID), both installed first thing by the entry points;
-- the entry points' plumbing: `read_cell`, `early_failure` (a failed summary for a failure before
-  the loop), `exit_on_error`, `threads_per_process`;
+- the entry points' plumbing: `run_trainer` (the order of everything a trainer process does),
+  `read_cell`, `early_failure` (a failed summary for a failure before the loop), `exit_on_error`,
+  `threads_per_process`;
 - checkpoints: `checkpoint_metadata`, `find_checkpoint` (this cell's latest, else
   `checkpoint.load_from`'s latest, else none), `check_checkpoint` (same math, same run) and
   `restore_latest` which chains them; `CheckpointMismatch`;
@@ -17,7 +18,8 @@ load its checkpoints); the rules live here:
 
 Nothing here imports jax or torch, and importing it does nothing but define names: the entry
 points import it before anything slow, so the signal handlers are in place within milliseconds
-of the process starting. `launch.config` and `launch.metrics` are imported where used.
+of the process starting. `launch.config`, `launch.metrics` and `launch.loop` are imported where
+used (`launch.loop` does not import this module: no cycle).
 """
 
 from __future__ import annotations
@@ -175,6 +177,40 @@ def die_with_launcher(stopper: Stopper, grace_s: float = LAUNCHER_GONE_GRACE_S) 
 
 
 # --------------------------------------------------------------------------- entry points
+
+def run_trainer(framework: str, prog: str, build: Callable[["Config", Path], Any], *, argv=None,
+                process_start: Optional[float] = None, teardown: Optional[Callable[[], None]] = None) -> int:
+    """The life of a trainer process around its framework's part, the same for both frameworks:
+
+    1. the stop-signal handlers and `die_with_launcher`, before anything slow (a signal during
+       distributed init or model build then ends the trainer cleanly, not by the signal);
+    2. logging (`launch.log`; process 0 talks, the others only warn);
+    3. the cell's config from `--config`;
+    4. `build(cfg, cell_dir)`: distributed init and the `Engine` (a failure leaves a failed summary);
+    5. `launch.loop.run`, then `teardown` (e.g. destroying the process group).
+
+    `process_start` is the `time.perf_counter()` the entry point took as its first statement (the
+    time to first step counts from it).
+    """
+    if process_start is None:
+        process_start = time.perf_counter()
+    stopper = Stopper().install()
+    die_with_launcher(stopper)
+    from launch import log as log_setup
+    from launch import loop
+
+    rank = envvars.process_index()
+    log_setup.setup(process_index=rank)
+    cfg, cell_dir = read_cell(prog, argv)
+    with early_failure(framework, cfg, cell_dir, rank):
+        trainer = build(cfg, cell_dir)
+    try:
+        loop.run(trainer, cfg, cell_dir, process_start=process_start, stopper=stopper)
+    finally:
+        if teardown is not None:
+            teardown()
+    return 0
+
 
 def read_cell(prog: str, argv=None) -> Tuple["Config", Path]:
     """A trainer's command line, `--config CELL/config.yaml`, as (config, cell directory)."""

@@ -10,7 +10,8 @@ A trainer provides the framework parts (`Engine`); this module owns the schedule
   and peak FLOP/s, plus the engine's memory figures.
 
 Besides those, `run` handles `train.stop_after`, a stop request (`launch.engine.Stopper`, taken
-by all processes together), the non-finite-loss stop and fault injection for tests. Step numbers
+by all processes together), the non-finite-loss stop and fault injection for tests. How a trainer
+process gets here (signals, logging, config, build) is `launch.engine.run_trainer`. Step numbers
 count completed optimizer steps: the record `step: 1` is the first update.
 """
 
@@ -28,7 +29,6 @@ from typing import Any, Dict, List, Optional, Protocol
 
 from launch import config as config_mod
 from launch import envvars, files, flops, metrics
-from launch.engine import Stopper, peak_memory_bytes
 from launch.params import count_params
 from launch.schema import Config, TrainConfig
 
@@ -69,6 +69,12 @@ class Engine(Protocol):
     def bytes_per_device(self) -> Dict[str, int]: ...
     def peak_memory_bytes(self) -> int: ...
     def versions(self) -> Dict[str, str]: ...
+
+
+class StopRequest(Protocol):
+    """Why to stop after the current step (a signal's name, "launcher gone"), or None to go on.
+    `launch.engine.Stopper` is the one trainers install."""
+    requested: Optional[str]
 
 
 @dataclass
@@ -208,7 +214,7 @@ class SummaryBuilder:
                     "peak_memory_bytes": self.engine.peak_memory_bytes()}
         except Exception:  # the state may not exist if init failed
             return {"bytes_per_device": self.fields.get("bytes_per_device"),
-                    "peak_memory_bytes": self.fields.get("peak_memory_bytes", peak_memory_bytes(None))}
+                    "peak_memory_bytes": self.fields.get("peak_memory_bytes", metrics.peak_rss_bytes())}
 
 
 def timing_fields(timing: Timing, cfg: Config) -> Dict[str, Any]:
@@ -243,7 +249,7 @@ def timing_fields(timing: Timing, cfg: Config) -> Dict[str, Any]:
 
 # --------------------------------------------------------------------------- the loop
 
-def stop_requested(engine: Engine, stopper: Stopper) -> bool:
+def stop_requested(engine: Engine, stopper: StopRequest) -> bool:
     """Whether to stop now; with several processes, all of them decide together (a signal reaches
     them at different steps, and one that stopped alone would leave the others in a collective)."""
     stop = stopper.requested is not None
@@ -260,7 +266,7 @@ def start_record(engine: Engine, cfg: Config) -> Dict[str, Any]:
                 seq_len=cfg.model.seq_len, mesh=config_mod.mesh_shape(cfg), versions=engine.versions())
 
 
-def run(engine: Engine, cfg: Config, cell_dir: Path, *, process_start: float, stopper: Stopper) -> Dict[str, Any]:
+def run(engine: Engine, cfg: Config, cell_dir: Path, *, process_start: float, stopper: StopRequest) -> Dict[str, Any]:
     """Train from the latest checkpoint to `stop_after` or `steps`, or until `stopper` asks; returns the summary.
 
     `process_start` is the `time.perf_counter()` the entry point took as its first statement;

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -124,3 +124,33 @@ def summary(recs: List[dict]) -> Optional[dict]:
 
 def last_json_line(text: str) -> dict:
     return json.loads(text.strip().splitlines()[-1])
+
+
+# A stand-in for the launcher: starts the trainer command with SCALEOUT_PARENT_PID set to itself,
+# prints the trainer's PID, waits. A test SIGKILLs it to see that the trainer does not outlive it.
+LAUNCHER = """
+import os, subprocess, sys
+log = open(sys.argv[1], "w")
+p = subprocess.Popen(sys.argv[2:], stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "SCALEOUT_PARENT_PID": str(os.getpid())})
+print(p.pid, flush=True)
+p.wait()
+"""
+
+
+def start_under_launcher(argv: List[str], log_path: Path, env: Dict[str, str]) -> Tuple[subprocess.Popen, int]:
+    """(the stand-in launcher, the PID of the trainer command it started)."""
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(log_path), *argv], env=env,
+                                stdout=subprocess.PIPE, text=True)
+    return launcher, int(launcher.stdout.readline())
+
+
+def torch_ranks(torchrun_pid: int) -> List[int]:
+    """The PIDs of the trainer processes torchrun started."""
+    out = []
+    for pid in children(torchrun_pid):
+        try:
+            if b"torchrun_fsdp" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:
+            pass
+    return out

@@ -244,23 +244,12 @@ def test_signal_during_start_up_stops_cleanly(tmp_path):
         kill_all([proc.pid])
 
 
-LAUNCHER = """
-import os, subprocess, sys
-log = open(sys.argv[1], "w")
-p = subprocess.Popen(sys.argv[2:], stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "SCALEOUT_PARENT_PID": str(os.getpid())})
-print(p.pid, flush=True)
-p.wait()
-"""
-
-
 def test_trainer_dies_with_its_launcher(tmp_path):
     """The launcher is SIGKILLed (it cannot clean up): its trainer stops by itself, after a checkpoint."""
-    from jaxrun_helpers import alive, kill_all, records, steps_recorded, summary as last, trainer_argv, trainer_env, \
-        wait_for, write_cell
+    from jaxrun_helpers import alive, kill_all, records, start_under_launcher, steps_recorded, summary as last, \
+        trainer_argv, trainer_env, wait_for, write_cell
     cfg = write_cell(tmp_path / "cell", "train.steps=100000", "checkpoint.every=0")
-    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path / "trainer.log"), *trainer_argv("jax", cfg)],
-                                env=trainer_env(1), stdout=subprocess.PIPE, text=True)
-    trainer = int(launcher.stdout.readline())
+    launcher, trainer = start_under_launcher(trainer_argv("jax", cfg), tmp_path / "trainer.log", trainer_env(1))
     try:
         wait_for(lambda: steps_recorded(cfg.parent) >= 2, what="two steps")
         launcher.kill()
@@ -269,5 +258,24 @@ def test_trainer_dies_with_its_launcher(tmp_path):
         s = last(records(cfg.parent))
         assert s["status"] == "stopped" and s["stopped_by"] in ("SIGTERM", "launcher gone"), s
         assert (cfg.parent / "checkpoints" / str(s["steps"])).is_dir()
+    finally:
+        kill_all([launcher.pid, trainer])
+
+
+def test_hung_trainer_dies_with_its_launcher(tmp_path):
+    """Stuck in a step when its launcher is SIGKILLed: asked to stop, it cannot, so it ends itself after
+    the grace period (launch.engine.LAUNCHER_GONE_GRACE_S) instead of living on as an orphan."""
+    from launch.engine import LAUNCHER_GONE_GRACE_S
+    from jaxrun_helpers import alive, kill_all, start_under_launcher, steps_recorded, trainer_argv, trainer_env, \
+        wait_for, write_cell
+    cfg = write_cell(tmp_path / "cell", "train.steps=20")
+    env = trainer_env(1, SCALEOUT_FAULT="hang@3")
+    launcher, trainer = start_under_launcher(trainer_argv("jax", cfg), tmp_path / "trainer.log", env)
+    try:
+        wait_for(lambda: steps_recorded(cfg.parent) == 2, what="two steps")
+        launcher.kill()
+        launcher.wait()
+        wait_for(lambda: not alive(trainer), timeout=LAUNCHER_GONE_GRACE_S + 20, what="the hung trainer to exit")
+        assert "training did not stop within" in (tmp_path / "trainer.log").read_text()
     finally:
         kill_all([launcher.pid, trainer])

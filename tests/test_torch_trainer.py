@@ -126,19 +126,6 @@ def test_failing_rank_is_surfaced(tmp_path):
 # --------------------------------------------------------------------------- the trainer started directly
 # (python -m torchrun_fsdp / torchrun, as every target starts it; no launcher involved)
 
-def _workers(torchrun_pid):
-    from pathlib import Path
-    from jaxrun_helpers import children
-    out = []
-    for pid in children(torchrun_pid):
-        try:
-            if b"torchrun_fsdp" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                out.append(pid)
-        except OSError:
-            pass
-    return out
-
-
 def test_checkpoint_of_another_run_is_refused_unless_load_from(tmp_path):
     from jaxrun_helpers import run_trainer, summary as last, write_cell
     shared = tmp_path / "shared-ckpt"
@@ -159,14 +146,14 @@ def test_checkpoint_of_another_run_is_refused_unless_load_from(tmp_path):
 
 
 def test_second_sigterm_ends_hung_ranks(tmp_path):
-    from jaxrun_helpers import alive, kill_all, steps_recorded, trainer_argv, trainer_env, wait_for, write_cell
+    from jaxrun_helpers import alive, kill_all, steps_recorded, torch_ranks, trainer_argv, trainer_env, wait_for, write_cell
     cfg = write_cell(tmp_path / "cell", "framework=torch", "devices=2", "train.steps=20")
     proc = subprocess.Popen(trainer_argv("torch", cfg, nproc=2), env=trainer_env(2, SCALEOUT_FAULT="hang@3"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     workers = []
     try:
         wait_for(lambda: steps_recorded(cfg.parent) == 2, what="two steps")
-        workers = _workers(proc.pid)
+        workers = torch_ranks(proc.pid)
         assert len(workers) == 2
         time.sleep(0.5)
         for pid in workers:  # e.g. `scancel` signals every process of the job
@@ -183,34 +170,23 @@ def test_second_sigterm_ends_hung_ranks(tmp_path):
         kill_all([*workers, proc.pid])
 
 
-LAUNCHER = """
-import os, subprocess, sys
-log = open(sys.argv[1], "w")
-p = subprocess.Popen(sys.argv[2:], stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "SCALEOUT_PARENT_PID": str(os.getpid())})
-print(p.pid, flush=True)
-p.wait()
-"""
-
-
 def test_ranks_die_with_their_launcher_through_torchrun(tmp_path):
     """The launcher is SIGKILLed; torchrun between it and the ranks survives it, yet the ranks stop
     (watchdog on SCALEOUT_PARENT_PID), with a checkpoint, and then torchrun ends too."""
-    from jaxrun_helpers import alive, kill_all, records, steps_recorded, summary as last, trainer_argv, trainer_env, \
-        wait_for, write_cell
+    from jaxrun_helpers import alive, kill_all, records, start_under_launcher, steps_recorded, summary as last, \
+        torch_ranks, trainer_argv, trainer_env, wait_for, write_cell
     cfg = write_cell(tmp_path / "cell", "framework=torch", "devices=2", "train.steps=100000", "checkpoint.every=0")
-    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path / "trainer.log"),
-                                 *trainer_argv("torch", cfg, nproc=2)], env=trainer_env(2), stdout=subprocess.PIPE, text=True)
-    torchrun = int(launcher.stdout.readline())
+    launcher, torchrun = start_under_launcher(trainer_argv("torch", cfg, nproc=2), tmp_path / "trainer.log", trainer_env(2))
     workers = []
     try:
         wait_for(lambda: steps_recorded(cfg.parent) >= 2, what="two steps")
-        workers = _workers(torchrun)
+        workers = torch_ranks(torchrun)
         assert len(workers) == 2
         launcher.kill()
         launcher.wait()
         wait_for(lambda: not any(alive(pid) for pid in [torchrun, *workers]), timeout=90, what="torchrun and its ranks to exit")
         s = last(records(cfg.parent))
-        assert s["status"] == "stopped" and s["stopped_by"] == "launcher gone", s
+        assert s["status"] == "stopped" and s["stopped_by"] in ("launcher gone", "peer"), s
         assert (cfg.parent / "checkpoints" / f"step_{s['steps']}" / "COMMIT").is_file()
     finally:
         kill_all([launcher.pid, torchrun, *workers])

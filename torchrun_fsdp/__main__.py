@@ -3,6 +3,8 @@
 The rendezvous comes from the environment torchrun (or, under SLURM,
 `submitit.helpers.TorchDistributedEnvironment().export()`) sets: RANK, WORLD_SIZE, MASTER_ADDR...
 CPU uses gloo, CUDA uses NCCL. Started by hand without RANK, it runs as a single process.
+Everything around that (signal handlers first, logging, the failed summary of a failed start, the
+loop) is `launch.engine.run_trainer`, shared with the JAX trainer.
 """
 
 import os
@@ -28,29 +30,23 @@ def setup_distributed(cfg) -> None:
         raise RuntimeError(f"devices={cfg.devices} but {dist.get_world_size()} ranks were started")
 
 
+def build(cfg, cell_dir):
+    """The framework's part of starting up: join the process group, build the engine."""
+    setup_distributed(cfg)
+    from torchrun_fsdp.train import TorchEngine
+    return TorchEngine(cfg, cell_dir)
+
+
+def teardown() -> None:
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def main(argv=None, process_start: Optional[float] = None) -> int:
-    if process_start is None:
-        process_start = time.perf_counter()
-    from launch import engine
-
-    stopper = engine.Stopper().install()  # before anything slow: a signal from here on stops cleanly
-    engine.die_with_launcher(stopper)
-    from launch import envvars, log, loop
-
-    rank = envvars.process_index()
-    log.setup(process_index=rank)
-    cfg, cell_dir = engine.read_cell("python -m torchrun_fsdp", argv)
-    with engine.early_failure("torch", cfg, cell_dir, rank):
-        setup_distributed(cfg)
-        from torchrun_fsdp.train import TorchEngine
-        trainer = TorchEngine(cfg, cell_dir)
-    try:
-        loop.run(trainer, cfg, cell_dir, process_start=process_start, stopper=stopper)
-    finally:
-        import torch.distributed as dist
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    return 0
+    from launch import engine  # light: the stop-signal handlers are installed before anything slow
+    return engine.run_trainer("torch", "python -m torchrun_fsdp", build, argv=argv, process_start=process_start,
+                              teardown=teardown)
 
 
 if __name__ == "__main__":
