@@ -1,36 +1,46 @@
 """The Cloud TPU target, through the `gcloud` CLI (JAX only).
 
 Lifecycle of a cell (`tpu.mode=queued`):
-  1. queued-resources create (capacity flag from tpu.capacity), 2. describe until ACTIVE
-  (FAILED/SUSPENDED or a timeout: clear error, then delete), 3. scp an archive of the project's
-  tracked files plus the cell's config to every worker, unpack it into a versioned directory,
-  run `tpu.setup` once per worker, 4. free the chips (stale trainers, /tmp/libtpu_lockfile),
-  5. start the trainer on every worker (one ssh each), streaming each worker's output to
-  `CELL/logs/worker-<i>.log` with `[w<i>]` on the console; when one worker fails, stop the others
-  and report it with its last lines, 6. copy metrics.jsonl back from worker 0 (checkpoints stay
-  where the trainer wrote them: gs:// on a real slice), 7. queued-resources delete (unless tpu.keep). `tpu.mode=existing` uses a TPU VM the
-  user already has (tpu-vm describe; no create/delete).
+  1. queued-resources create (capacity flag from tpu.capacity; `best-effort` through
+     `gcloud alpha`), 2. describe until ACTIVE (transient describe failures are retried;
+     FAILED/SUSPENDED or a timeout: one-sentence error, then delete), 3. scp an archive of the
+     project's tracked files plus the cell's config to every worker, unpack it into a versioned
+     directory, run tpu.setup (by default: a Python 3.11 venv made with uv, the pinned
+     dependencies and jax[tpu]), 4. free the chips (kill whatever holds /dev/accel* or
+     /dev/vfio/*, wait for it, remove libtpu's lock file), 5. check the workers' Python, 6. start
+     the trainer on every worker detached from ssh (`setsid nohup`, output, pid and exit status in
+     job files on the worker) and follow each worker's log over ssh (`CELL/logs/worker-<i>.log`,
+     `[w<i>]` on the console), reconnecting when a connection drops; when one worker fails, stop
+     the others and report it with its last lines, 7. copy metrics.jsonl back from worker 0
+     (checkpoints stay where the trainer wrote them: gs:// on a multi-host slice), 8.
+     queued-resources delete (unless tpu.keep), retried, with the manual command printed if it
+     still fails. `tpu.mode=existing` uses a TPU VM the user already has (checked by preflight).
 
-Every command is an argv list (no local shell); the remote `--command` strings are built from
-quoted words only, and names are validated against GCP's rules before anything runs.
+Ctrl-C or SIGTERM stops the trainers, collects what they wrote and deletes the slice. A launcher
+that goes away without cleaning up (its machine disconnects, SIGKILL, SIGHUP) leaves the
+trainers running: the cell's record file (JOB_RECORD) lets `scaleout status` / `logs` /
+`cancel` find them again, and once they have ended `status` collects metrics.jsonl and the
+worker logs and deletes the slice.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
+import contextlib
+import datetime
+import fcntl
 import json
 import logging
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
-import tarfile
+import threading
 import time
-from dataclasses import dataclass
+import uuid
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from launch import config as config_mod
 from launch import files
@@ -38,64 +48,23 @@ from launch.config import ConfigError
 from launch.files import CONFIG_NAME, METRICS_NAME
 from launch.schema import Config
 from launch.targets import procs
-from launch.targets.base import Cell, ForegroundTarget, Outcome, exit_code
+from launch.targets.base import Cell, ForegroundTarget, JobInfo, Outcome, exit_code
 from launch.targets.errors import SubmitError
+from launch.targets.tpu_commands import STATE_MARK, Commands, build_archive
+from launch.targets.tpu_shapes import Slice, check_runtime_and_zone, runtime_version, slice_of, zone
 
 log = logging.getLogger(__name__)
-REMOTE_RUN_DIR = "runs"  # run.dir on the workers, inside the unpacked code
 NAME_RE = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")  # GCP resource names (RFC 1035)
 ZONE_RE = re.compile(r"[a-z]+-[a-z]+[0-9]+-[a-z]")
 PROJECT_RE = re.compile(r"[a-z][-a-z0-9]{4,28}[a-z0-9]")
 VERSION_RE = re.compile(r"[a-z0-9][-a-z0-9._]*")
-TYPE_RE = re.compile(r"(v4|v5p|v5litepod|v6e)-(\d+)")
-CAPACITY_FLAGS = {"on-demand": [], "spot": ["--spot"], "reserved": ["--reserved"], "best-effort": ["--best-effort"]}
-REMOTE_ROOT = "scaleout"
-
-
-# --------------------------------------------------------------------------- slice shapes
-
-@dataclass(frozen=True)
-class Slice:
-    accelerator_type: str
-    chips: int  # JAX devices (one per chip; v4/v5p megacore)
-    workers: int  # hosts, one JAX process each
-
-
-GENERATIONS = {
-    # generation: (type prefix, TensorCores per chip in the name, valid chip counts, chips per host)
-    "v5e": ("v5litepod", 1, (1, 4, 8, 16, 32, 64, 128, 256), 4),
-    "v6e": ("v6e", 1, (1, 4, 8, 16, 32, 64, 128, 256), 4),
-    "v4": ("v4", 2, tuple(2 ** k for k in range(2, 12)), 4),
-    "v5p": ("v5p", 2, tuple(2 ** k for k in range(2, 13)), 4),
-}
-PREFIX_GEN = {v[0]: k for k, v in GENERATIONS.items()}
-
-
-def _slice_for(gen: str, chips: int) -> Slice:
-    prefix, cores, _, per_host = GENERATIONS[gen]
-    single_host = chips <= (8 if cores == 1 else 4)
-    return Slice(f"{prefix}-{chips * cores}", chips, 1 if single_host else chips // per_host)
-
-
-def slice_of(cfg: Config) -> Slice:
-    t = cfg.tpu
-    if t.accelerator_type:
-        m = TYPE_RE.fullmatch(t.accelerator_type)
-        if not m:
-            raise ConfigError(f"tpu.accelerator_type={t.accelerator_type!r} is not valid; write e.g. v5litepod-16, v6e-8, v4-32 or v5p-8.")
-        gen = PREFIX_GEN[m.group(1)]
-        cores = GENERATIONS[gen][1]
-        chips = int(m.group(2)) // cores
-        if chips not in GENERATIONS[gen][2]:
-            raise ConfigError(f"tpu.accelerator_type={t.accelerator_type!r} is not a {gen} slice shape.")
-        s = _slice_for(gen, chips)
-        if chips != cfg.devices:
-            raise ConfigError(f"tpu.accelerator_type={t.accelerator_type} has {chips} chips but devices={cfg.devices}; make them agree.")
-        return s
-    valid = GENERATIONS[t.generation][2]
-    if cfg.devices not in valid:
-        raise ConfigError(f"devices={cfg.devices} is not a {t.generation} slice size; valid chip counts: {', '.join(map(str, valid))}.")
-    return _slice_for(t.generation, cfg.devices)
+PLACEHOLDER_RE = re.compile(r"change-?me", re.IGNORECASE)
+JOB_RECORD = "tpu-job.json"  # <cell>/JOB_RECORD: the cell's slice and detached job (launch.files could name it)
+FOLLOW = Path(__file__).with_name("tpu_follow.py")
+DESCRIBE_RETRIES = 5  # consecutive failed `describe` calls tolerated while waiting for ACTIVE
+DELETE_ATTEMPTS = 4
+FOLLOW_RETRIES = 5  # consecutive lost ssh connections tolerated per worker while following
+PROBE_TTL_S = 5.0  # `status` / `logs --follow` ask the workers at most this often
 
 
 # --------------------------------------------------------------------------- validation
@@ -106,100 +75,45 @@ def validate(cfg: Config) -> None:
         raise ConfigError("framework=torch with target=tpu is not supported: PyTorch on TPU needs torch_xla, which scaleout does not drive; use framework=jax on TPU.")
     if not NAME_RE.fullmatch(t.name):
         raise ConfigError(f"tpu.name={t.name!r} is not a valid TPU name: lower-case letters, digits and hyphens, starting with a letter, at most 63 characters.")
-    if not ZONE_RE.fullmatch(t.zone):
+    if t.zone is not None and not ZONE_RE.fullmatch(t.zone):
         raise ConfigError(f"tpu.zone={t.zone!r} is not a valid zone; write e.g. us-west4-a or europe-west4-b.")
     if t.project is not None and not PROJECT_RE.fullmatch(t.project):
         raise ConfigError(f"tpu.project={t.project!r} is not a valid GCP project id: 6-30 lower-case letters, digits and hyphens, starting with a letter.")
-    if not VERSION_RE.fullmatch(t.runtime_version):
+    if t.runtime_version is not None and not VERSION_RE.fullmatch(t.runtime_version):
         raise ConfigError(f"tpu.runtime_version={t.runtime_version!r} is not valid; write e.g. v2-alpha-tpuv5-lite.")
-    for i, entry in enumerate(t.setup):
+    for i, entry in enumerate(t.setup or []):
         try:
             shlex.split(entry)
         except ValueError as e:
             raise ConfigError(f"tpu.setup[{i}]={entry!r} is not valid: {e}; write one command per entry.") from None
-    slice_of(cfg)
+    s = slice_of(cfg)
+    check_runtime_and_zone(cfg)
+    check_checkpoints(cfg, s)
 
 
-# --------------------------------------------------------------------------- commands
-
-def _scope(cfg: Config) -> List[str]:
-    return [f"--zone={cfg.tpu.zone}"] + ([f"--project={cfg.tpu.project}"] if cfg.tpu.project else [])
-
-
-def one_command(words: str) -> str:
-    """A config string as exactly one remote command with quoted words."""
-    return shlex.join(shlex.split(words))
-
-
-class Commands:
-    """Every gcloud command of a cell, as argv lists (the plan prints exactly these)."""
-
-    def __init__(self, cfg: Config, version: str, cell: str):
-        self.cfg, self.t = cfg, cfg.tpu
-        self.node = cfg.tpu.name
-        self.remote_dir = f"{REMOTE_ROOT}/{version}"
-        self.archive = f"scaleout-{version}.tar.gz"
-        self.cell_rel = remote_cell_path(cfg, cell)  # relative to remote_dir
-        self.remote_cell = f"{self.remote_dir}/{self.cell_rel}"
-
-    def tpus(self, *args: str) -> List[str]:
-        """`gcloud compute tpus ARGS...`"""
-        return [self.t.gcloud, "compute", "tpus", *args]
-
-    def create(self) -> List[str]:
-        s = slice_of(self.cfg)
-        return self.tpus("queued-resources", "create", self.node, f"--node-id={self.node}", f"--accelerator-type={s.accelerator_type}",
-                      f"--runtime-version={self.t.runtime_version}", *_scope(self.cfg), *CAPACITY_FLAGS[self.t.capacity])
-
-    def describe_queued(self) -> List[str]:
-        return self.tpus("queued-resources", "describe", self.node, *_scope(self.cfg), "--format=value(state.state)")
-
-    def delete(self) -> List[str]:
-        return self.tpus("queued-resources", "delete", self.node, *_scope(self.cfg), "--force", "--quiet")
-
-    def describe_vm(self) -> List[str]:
-        return self.tpus("tpu-vm", "describe", self.node, *_scope(self.cfg), "--format=json")
-
-    def ssh(self, worker: str, command: str) -> List[str]:
-        return self.tpus("tpu-vm", "ssh", self.node, f"--worker={worker}", *_scope(self.cfg), f"--command={command}")
-
-    def scp_to_all(self, local: str) -> List[str]:
-        return self.tpus("tpu-vm", "scp", local, f"{self.node}:{self.archive}", "--worker=all", *_scope(self.cfg))
-
-    def unpack_and_setup(self) -> List[str]:
-        steps = [shlex.join(["mkdir", "-p", self.remote_dir]), shlex.join(["tar", "-xzf", self.archive, "-C", self.remote_dir]),
-                 shlex.join(["cd", self.remote_dir])] + [one_command(s) for s in self.t.setup if s.strip()]
-        return self.ssh("all", " && ".join(steps))
-
-    def free_chips(self) -> List[str]:
-        return self.ssh("all", "pkill -f '[m] jaxrun --config' ; rm -f /tmp/libtpu_lockfile ; true")
-
-    def train(self, worker: int) -> List[str]:
-        cmd = " ".join([shlex.join(["cd", self.remote_dir]), "&&", "SCALEOUT_DISTRIBUTED=tpu PYTHONUNBUFFERED=1",
-                        shlex.join([self.t.python, "-m", "jaxrun", "--config", f"{self.cell_rel}/{CONFIG_NAME}"])])
-        return self.ssh(str(worker), cmd)
-
-    def stop_all(self) -> List[str]:
-        return self.ssh("all", "pkill -f '[m] jaxrun --config' ; true")
-
-    def copy_back(self, remote: str, local: str, recurse: bool = False) -> List[str]:
-        return self.tpus("tpu-vm", "scp", f"{self.node}:{remote}", local, "--worker=0", *_scope(self.cfg), *(["--recurse"] if recurse else []))
+def check_checkpoints(cfg: Config, s: Slice) -> None:
+    """Refuse, before anything is created, checkpoint locations the workers could not share or read."""
+    ck = cfg.checkpoint.dir
+    if ck and PLACEHOLDER_RE.search(ck):
+        raise ConfigError(f"checkpoint.dir={ck} is the placeholder of configs/target/tpu.yaml; set checkpoint.dir to a "
+                          "gs:// bucket of yours that the TPU workers can write (checkpoint.dir=gs://BUCKET/PATH).")
+    if s.workers > 1 and not (ck or "").startswith("gs://"):
+        raise ConfigError(f"checkpoint.dir={ck or 'null'} is not shared storage, but a {s.accelerator_type} slice has "
+                          f"{s.workers} workers that all write one checkpoint; set checkpoint.dir to a gs:// bucket "
+                          "(checkpoint.dir=gs://BUCKET/PATH).")
+    src = cfg.checkpoint.load_from
+    if src and not src.startswith("gs://"):
+        raise ConfigError(f"checkpoint.load_from={src} is not on gs://, so the TPU workers cannot read it; copy that "
+                          "checkpoint to a gs:// bucket and point checkpoint.load_from there.")
 
 
-def remote_cell_path(cfg: Config, cell: str) -> str:
-    """A cell's directory on the workers, relative to the unpacked code (the layout of launch.rundir)."""
-    return f"{REMOTE_RUN_DIR}/{cfg.run.name}/{cell}"
-
-
-def remote_config(cell_cfg: Config) -> Config:
-    """The cell config as the workers see it: run dir and compilation cache inside the unpacked code."""
-    return config_mod.replace(cell_cfg, {"run.dir": REMOTE_RUN_DIR, "jax.cache_dir": ".jax_cache"})
-
+# --------------------------------------------------------------------------- plan
 
 def plan_commands(cfg: Config, cell_dir: Path) -> List[str]:
     validate(cfg)
     c = Commands(cfg, "<code-hash>", cell_dir.name)
     s = slice_of(cfg)
+    job = "<job-id>"
     out = []
     if cfg.tpu.mode == "queued":
         out += [shlex.join(c.create()),
@@ -207,63 +121,30 @@ def plan_commands(cfg: Config, cell_dir: Path) -> List[str]:
     else:
         out.append(shlex.join(c.describe_vm()))
     out += [shlex.join(c.scp_to_all(f"{cell_dir.parent}/tpu/{c.archive}")), shlex.join(c.unpack_and_setup()),
-            shlex.join(c.free_chips())]
-    out += [shlex.join(c.train(i)) + "   # concurrently on every worker" for i in range(s.workers)]
+            shlex.join(c.free_chips()), shlex.join(c.check_python()),
+            shlex.join(c.start(job)) + "   # detached: the trainers outlive this ssh and this launcher"]
+    out += [shlex.join(c.follow(i, job)) + "   # concurrently for every worker, reconnecting from the last byte received"
+            for i in range(s.workers)]
     out.append(shlex.join(c.copy_back(f"{c.remote_cell}/{METRICS_NAME}", str(cell_dir / METRICS_NAME))))
     if cfg.tpu.mode == "queued" and not cfg.tpu.keep:
         out.append(shlex.join(c.delete()))
     return out
 
 
-# --------------------------------------------------------------------------- running
-
-def project_root() -> Path:
-    return Path(__file__).resolve().parents[2]
-
-
-def tracked_files(root: Path) -> List[str]:
-    try:
-        out = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout
-        names = [f for f in out.decode().split("\0") if f]
-        if names:
-            return [f for f in names if (root / f).is_file()]
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    names = []
-    for top in ("launch", "jaxrun", "torchrun_fsdp", "configs"):
-        names += [str(p.relative_to(root)) for p in (root / top).rglob("*") if p.is_file() and "__pycache__" not in p.parts]
-    return names + [f for f in ("pyproject.toml", "README.md", "constraints.txt") if (root / f).is_file()]
-
-
-def build_archive(cell_cfg: Config, cell_name: str, out_dir: Path) -> Tuple[Path, str]:
-    """A tar.gz of the project's tracked files plus the cell's config; named by its content hash."""
-    root = project_root()
-    names = sorted(tracked_files(root))
-    h = hashlib.sha256()
-    for f in names:
-        h.update(f.encode())
-        h.update((root / f).read_bytes())
-    cfg_text = config_mod.OmegaConf.to_yaml(config_mod.OmegaConf.create(config_mod.to_dict(remote_config(cell_cfg))))
-    h.update(cfg_text.encode())
-    version = h.hexdigest()[:12]
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for f in names:
-            tar.add(root / f, arcname=f)
-        data = cfg_text.encode()
-        info = tarfile.TarInfo(f"{remote_cell_path(cell_cfg, cell_name)}/{CONFIG_NAME}")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    path = files.atomic_write(out_dir / f"scaleout-{version}.tar.gz", buf.getvalue())
-    return path, version
-
+# --------------------------------------------------------------------------- gcloud calls
 
 def _run(argv: List[str], what: str, timeout: Optional[float] = None) -> str:
+    """Run a gcloud command; a failure is a SubmitError: the remote `[scaleout] error:` sentence if
+    the command printed one, else `what` and gcloud's last line."""
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise SubmitError(f"{what} timed out after {timeout:g} s: {shlex.join(argv)}") from None
     if p.returncode:
+        lines = (p.stdout + "\n" + p.stderr).splitlines()
+        own = [line.split("[scaleout] error: ", 1)[1] for line in lines if "[scaleout] error: " in line]
+        if own:
+            raise SubmitError(own[-1])
         last = (p.stderr.strip() or p.stdout.strip() or f"exit code {p.returncode}").splitlines()[-1]
         raise SubmitError(f"{what} failed: {last}")
     return p.stdout
@@ -272,8 +153,22 @@ def _run(argv: List[str], what: str, timeout: Optional[float] = None) -> str:
 def wait_active(c: Commands, cfg: Config) -> None:
     deadline = time.monotonic() + cfg.tpu.timeout_s
     last = None
+    failures = 0
     while True:
-        state = _run(c.describe_queued(), "describing the queued resource").strip()
+        try:
+            state = _run(c.describe_queued(), "describing the queued resource", timeout=300).strip()
+        except SubmitError as e:
+            failures += 1
+            if failures > DESCRIBE_RETRIES:
+                raise SubmitError(f"describing queued resource {c.node} failed {failures} times in a row; the last: {e}") from None
+            if time.monotonic() > deadline:
+                raise SubmitError(f"queued resource {c.node} did not become ACTIVE within tpu.timeout_s={cfg.tpu.timeout_s:g} s "
+                                  f"(the last describe failed: {e})") from None
+            pause = min(cfg.tpu.poll_interval_s * 2 ** (failures - 1), 300.0)
+            log.warning(f"{e}; retrying in {pause:g} s ({failures}/{DESCRIBE_RETRIES})")
+            time.sleep(pause)
+            continue
+        failures = 0
         if state != last:
             log.info(f"queued resource {c.node}: {state}")
             last = state
@@ -281,21 +176,336 @@ def wait_active(c: Commands, cfg: Config) -> None:
             return
         if state in ("FAILED", "SUSPENDED", "SUSPENDING"):
             raise SubmitError(f"queued resource {c.node} is {state}: the slice could not be provided "
-                              f"(capacity {cfg.tpu.capacity} in {cfg.tpu.zone}); try another zone or tpu.capacity")
+                              f"(capacity {cfg.tpu.capacity} in {zone(cfg)}); try another zone or tpu.capacity")
         if time.monotonic() > deadline:
             raise SubmitError(f"queued resource {c.node} did not become ACTIVE within tpu.timeout_s={cfg.tpu.timeout_s:g} s (last state {state})")
         time.sleep(cfg.tpu.poll_interval_s)
 
 
-def run_workers(c: Commands, workers: int, cell_dir: Path) -> procs.Result:
-    """Start the trainer on every worker; on the first failure stop the others."""
-    specs = [procs.Spec(f"worker-{i}", c.train(i), prefix=f"[w{i}] ") for i in range(workers)]
-    return procs.run_group(specs, cell_dir / files.LOGS_DIR,
-                           on_failure=lambda: subprocess.run(c.stop_all(), capture_output=True, timeout=120))
+def delete_queued(c: Commands, cfg: Config) -> bool:
+    """Delete the queued resource (and its slice), retrying; on final failure say how to do it by hand."""
+    err = ""
+    for attempt in range(1, DELETE_ATTEMPTS + 1):
+        try:
+            p = subprocess.run(c.delete(), capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+            if p.returncode == 0:
+                log.info(f"deleted queued resource {c.node}")
+                return True
+            if "NOT_FOUND" in p.stderr:
+                log.info(f"queued resource {c.node} is already gone")
+                return True
+            err = (p.stderr.strip() or p.stdout.strip() or f"exit code {p.returncode}").splitlines()[-1]
+        except subprocess.TimeoutExpired:
+            err = "timed out after 600 s"
+        if attempt < DELETE_ATTEMPTS:
+            pause = min(cfg.tpu.poll_interval_s * 2 ** (attempt - 1), 60.0)
+            log.warning(f"deleting queued resource {c.node} failed ({err}); retrying in {pause:g} s")
+            time.sleep(pause)
+    log.error(f"could not delete queued resource {c.node} after {DELETE_ATTEMPTS} attempts ({err}); the slice keeps "
+              f"running, and costing money, until you delete it: {shlex.join(c.delete())}")
+    return False
+
+
+def check_existing(c: Commands, cfg: Config) -> None:
+    """tpu.mode=existing: the TPU VM must be READY and have this cell's shape."""
+    s = slice_of(cfg)
+    try:
+        desc = json.loads(_run(c.describe_vm(), f"describing TPU VM {c.node}", timeout=300))
+    except ValueError:
+        raise SubmitError(f"describing TPU VM {c.node} returned no JSON") from None
+    found = len(desc.get("networkEndpoints", []))
+    if desc.get("state") not in (None, "READY"):
+        raise SubmitError(f"TPU VM {c.node} is {desc.get('state')}, not READY")
+    if found != s.workers:
+        raise SubmitError(f"TPU VM {c.node} has {found} worker(s) but devices={cfg.devices} on {s.generation} needs {s.workers}")
+    acc = desc.get("acceleratorType")
+    if acc and acc != s.accelerator_type:
+        raise SubmitError(f"TPU VM {c.node} is a {acc}, but devices={cfg.devices} on {s.generation} needs a {s.accelerator_type}")
+
+
+# --------------------------------------------------------------------------- the cell's record
+
+class Record:
+    """<cell>/JOB_RECORD: which slice and which detached job a cell has, for a later `status`."""
+
+    def __init__(self, cell_dir: Path, data: Optional[Dict[str, Any]] = None):
+        self.path = Path(cell_dir) / JOB_RECORD
+        self.data: Dict[str, Any] = dict(data or {})
+
+    @staticmethod
+    def load(cell_dir: Path) -> Optional["Record"]:
+        data = files.read_json(Path(cell_dir) / JOB_RECORD)
+        return Record(cell_dir, data) if isinstance(data, dict) else None
+
+    def save(self, **updates: Any) -> None:
+        self.data.update(updates)
+        files.write_json(self.path, self.data)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("path", "data"):
+            raise AttributeError(name)
+        return self.data.get(name)
+
+
+def new_job_id() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:4]
+
+
+def _local_log(cell_dir: Path, i: int) -> Path:
+    return cell_dir / files.LOGS_DIR / f"worker-{i}.log"
+
+
+def collect_logs(c: Commands, rec: Record, cell_dir: Path) -> None:
+    """Each worker's log of the job, fetched from the worker, replaces what this machine has of it
+    (the part the launcher streamed before it went away); earlier jobs' lines are kept."""
+    offsets = rec.log_offsets or []
+    tmp_dir = cell_dir / files.LOGS_DIR / ".fetch"
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        for i in range(int(rec.workers or 0)):
+            tmp = tmp_dir / f"worker-{i}.log"
+            remote = f"{c.remote_dir}/{c.job_file(rec.job, 'log')}"
+            p = subprocess.run(c.copy_back(remote, str(tmp), worker=i), capture_output=True, text=True, timeout=600,
+                               stdin=subprocess.DEVNULL)
+            if p.returncode or not tmp.is_file():
+                log.warning(f"could not copy worker {i}'s log back: {(p.stderr or '').strip()[-300:]}")
+                continue
+            local = _local_log(cell_dir, i)
+            old = local.read_bytes() if local.is_file() else b""
+            keep = offsets[i] if i < len(offsets) else len(old)
+            files.atomic_write(local, old[:keep] + tmp.read_bytes())
+            tmp.unlink()
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def copy_metrics_back(c: Commands, cell_dir: Path) -> None:
+    """metrics.jsonl from worker 0, appending only the records this machine does not have yet."""
+    local_metrics = cell_dir / METRICS_NAME
+    tmp = cell_dir / (METRICS_NAME + ".worker0")
+    p = subprocess.run(c.copy_back(f"{c.remote_cell}/{METRICS_NAME}", str(tmp)), capture_output=True, text=True,
+                       timeout=600, stdin=subprocess.DEVNULL)
+    if p.returncode == 0 and tmp.is_file():
+        seen = max((r.get("time", 0) for r in files.read_records(local_metrics)), default=0)
+        new = []
+        for line in tmp.read_text().splitlines():
+            try:
+                if json.loads(line).get("time", 0) > seen:
+                    new.append(line)
+            except (json.JSONDecodeError, AttributeError):  # a torn last line
+                continue
+        with open(local_metrics, "a") as out:  # only what is new (a reused VM keeps older records)
+            out.writelines(line + "\n" for line in new)
+        tmp.unlink()
+    else:
+        log.warning(f"could not copy metrics.jsonl back from worker 0: {(p.stderr or '').strip()[-300:]}")
+
+
+def stop_workers(c: Commands, job: str) -> None:
+    try:
+        _run(c.stop(job), "stopping the trainers on the workers", timeout=300)
+    except SubmitError as e:
+        log.warning(str(e))
+
+
+@contextlib.contextmanager
+def shielded(what: str) -> Iterator[None]:
+    """Let `what` (stopping trainers, deleting the slice) finish despite another Ctrl-C or SIGTERM."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def note(signum, frame):
+        log.warning(f"{what}: wait for it to finish (stopping now would leave the slice running)")
+
+    old = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+# --------------------------------------------------------------------------- running a cell
+
+def _describe_status(code: int) -> str:
+    if code > 128:
+        try:
+            return procs.describe_exit(-signal.Signals(code - 128).value)
+        except ValueError:
+            pass
+    return procs.describe_exit(code)
+
+
+def follow_workers(c: Commands, job: str, workers: int, cell_dir: Path, cfg: Config) -> procs.Result:
+    """Follow every worker's trainer; on the first failure stop all of them (they run detached, so
+    stopping the local followers alone would leave them running)."""
+    specs = []
+    for i in range(workers):
+        spec = {"worker": i, "argv": c.follow(i, job, offset="@OFFSET@"), "retries": FOLLOW_RETRIES,
+                "backoff_s": min(cfg.tpu.poll_interval_s, 5.0)}
+        specs.append(procs.Spec(f"worker-{i}", [sys.executable, str(FOLLOW), json.dumps(spec)], prefix=f"[w{i}] "))
+    return procs.run_group(specs, cell_dir / files.LOGS_DIR, on_failure=lambda: stop_workers(c, job))
+
+
+def run_cell(cell: Cell) -> Outcome:
+    cfg, cell_dir = cell.cfg, cell.dir
+    s = slice_of(cfg)
+    archive, version = build_archive(cfg, cell.name, cell_dir.parent / "tpu")
+    c = Commands(cfg, version, cell.name)
+    rec = Record(cell_dir, {"version": version, "node": c.node, "workers": s.workers, "mode": cfg.tpu.mode,
+                            "keep": bool(cfg.tpu.keep), "created": False, "job": None})
+    outcome: Optional[Outcome] = None
+    interrupted = False
+    try:
+        if cfg.tpu.mode == "queued":
+            log.info(f"creating queued resource {c.node} ({s.accelerator_type}, {s.workers} worker(s), {cfg.tpu.capacity}, "
+                     f"{runtime_version(cfg)} in {zone(cfg)})")
+            _run(c.create(), "creating the queued resource", timeout=600)
+            rec.save(created=True, state="creating")
+            wait_active(c, cfg)
+        log.info(f"shipping {archive.name} to {s.workers} worker(s) and running tpu.setup")
+        _run(c.scp_to_all(str(archive)), "copying the code to the workers")
+        _run(c.unpack_and_setup(), "unpacking the code and running tpu.setup")
+        for line in _run(c.free_chips(), "freeing the TPU chips", timeout=600).splitlines():
+            log.info(line)
+        _run(c.check_python(), "checking the workers' Python", timeout=300)
+        job = new_job_id()
+        offsets = [(_local_log(cell_dir, i).stat().st_size if _local_log(cell_dir, i).is_file() else 0) for i in range(s.workers)]
+        rec.save(job=job, state="running", log_offsets=offsets,
+                 started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+        log.info(f"starting the trainers (job {job}); they run detached: if this launcher goes away, "
+                 f"`scaleout status {cell_dir.parent}` finds them again")
+        _run(c.start(job), "starting the trainers on the workers", timeout=300)
+        r = follow_workers(c, job, s.workers, cell_dir, cfg)
+        copy_metrics_back(c, cell_dir)
+        if r.returncode:
+            i = int(r.failed.rsplit("-", 1)[1])
+            how = _describe_status(r.returncode)
+            procs.report_failure(f"cell {cell.name} failed: worker {i} {how}; the other workers were stopped. "
+                                 f"Last lines of worker {i}:", r.tail)
+            outcome = Outcome(cell.name, "failed", exit_code(r.returncode) or 1, f"worker {i} {how}")
+        else:
+            outcome = Outcome(cell.name, "ok")
+    except SubmitError as e:
+        print(f"scaleout: error: {e}", file=sys.stderr, flush=True)  # the CLI's form for a refusal
+        outcome = Outcome(cell.name, "failed", 2, str(e))
+    except BaseException:
+        interrupted = True
+        raise
+    finally:
+        with shielded("stopping the trainers and deleting the slice"):
+            if interrupted and rec.job:
+                log.info("interrupted: stopping the trainers on the workers")
+                stop_workers(c, rec.job)
+                copy_metrics_back(c, cell_dir)
+                collect_logs(c, rec, cell_dir)
+            deleted = True
+            if rec.created and not cfg.tpu.keep:
+                log.info(f"deleting queued resource {c.node}")
+                deleted = delete_queued(c, cfg)
+            result = "CANCELLED" if interrupted else "COMPLETED" if outcome and outcome.state == "ok" else "FAILED"
+            rec.save(state="ended", result=result, deleted=bool(rec.created and deleted and not cfg.tpu.keep))
+    if not deleted and outcome.state == "ok":
+        outcome = Outcome(cell.name, "failed", 1, f"queued resource {c.node} was not deleted")
+    return outcome
+
+
+# --------------------------------------------------------------------------- a later `status`
+
+def _attached(cell_dir: Path) -> Optional[str]:
+    """Who holds the cell's lock (a launcher that still follows the cell), or None."""
+    path = cell_dir / files.LOCK_FILE
+    if not path.is_file():
+        return None
+    with open(path, "r+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return f.read().strip() or "another launcher"
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return None
+
+
+_PROBES: Dict[Tuple[str, str], Tuple[float, List[str]]] = {}
+
+
+def probe(c: Commands, job: str, workers: int) -> List[str]:
+    """Each worker's word for the job: running, exit N, none (gone without a status) or gone."""
+    key = (c.node, job)
+    hit = _PROBES.get(key)
+    if hit and time.monotonic() - hit[0] < PROBE_TTL_S:
+        return hit[1]
+    out = _run(c.probe(job), f"asking TPU {c.node}'s workers about job {job}", timeout=300)
+    words = [line.split(STATE_MARK, 1)[1].strip() for line in out.splitlines() if line.startswith(STATE_MARK)]
+    if len(words) != workers:
+        raise SubmitError(f"{len(words)} of the {workers} workers of TPU {c.node} answered about job {job}")
+    _PROBES[key] = (time.monotonic(), words)
+    return words
+
+
+def _cell_commands(cell_dir: Path, rec: Record) -> Tuple[Commands, Config]:
+    cfg = config_mod.load_resolved(cell_dir / CONFIG_NAME)
+    return Commands(cfg, rec.version, cell_dir.name), cfg
+
+
+def _finish(cell_dir: Path, rec: Record, result: str, stop: bool = False) -> List[str]:
+    """The launcher is gone: stop (if asked), collect, delete the slice, mark the record ended."""
+    c, cfg = _cell_commands(cell_dir, rec)
+    done = []
+    if rec.job:
+        if stop:
+            stop_workers(c, rec.job)
+            done.append(f"stopped the trainers on {rec.workers} worker(s)")
+        copy_metrics_back(c, cell_dir)
+        collect_logs(c, rec, cell_dir)
+        done.append("collected metrics.jsonl and the worker logs")
+    deleted = False
+    if rec.created and not rec.keep:
+        deleted = delete_queued(c, cfg)
+        done.append(f"deleted queued resource {c.node}" if deleted else f"could not delete queued resource {c.node}")
+    rec.save(state="ended", result=result, deleted=deleted)
+    return done
+
+
+def job_info(cell_dir: Path, rec: Record) -> JobInfo:
+    jid = rec.job or rec.node or "?"
+    if rec.state == "ended":
+        return JobInfo(jid, rec.result or "ENDED", live=False)
+    if _attached(cell_dir):
+        return JobInfo(jid, "RUNNING", live=True)  # its launcher follows it
+    if not rec.job:
+        done = _finish(cell_dir, rec, "ABANDONED")
+        log.info(f"cell {cell_dir.name}: its launcher went away before the trainers started; {'; '.join(done) or 'nothing to do'}")
+        return JobInfo(jid, "ABANDONED", live=False, error=["the launcher went away before the trainers started"])
+    c, _ = _cell_commands(cell_dir, rec)
+    try:
+        words = probe(c, rec.job, int(rec.workers))
+    except SubmitError as e:
+        return JobInfo(jid, "UNREACHABLE", live=False, error=[str(e)])
+    if "running" in words:
+        return JobInfo(jid, "RUNNING", live=True)
+    codes = [int(w.split()[1]) for w in words if w.startswith("exit ") and w.split()[1].lstrip("-").isdigit()]
+    failed = len(codes) != len(words) or any(codes)
+    result = "FAILED" if failed else "COMPLETED"
+    done = _finish(cell_dir, rec, result)
+    log.info(f"cell {cell_dir.name}: the trainers have ended ({', '.join(f'worker {i}: {w}' for i, w in enumerate(words))}); "
+             f"{'; '.join(done)}")
+    return JobInfo(jid, result, live=False,
+                   error=[f"worker {i}: {w}" for i, w in enumerate(words) if w != "exit 0"] if failed else [])
+
+
+def _records(run_dir: Path) -> Iterator[Tuple[Path, Record]]:
+    if not Path(run_dir).is_dir():
+        return
+    for d in sorted(Path(run_dir).iterdir()):
+        rec = Record.load(d) if d.is_dir() else None
+        if rec is not None:
+            yield d, rec
 
 
 class TpuTarget(ForegroundTarget):
-    """TPU cells run one after another, each on its own slice."""
+    """TPU cells run one after another, each on its own slice; their trainers run detached."""
     name = "tpu"
 
     def validate(self, cfg: Config) -> None:
@@ -305,6 +515,8 @@ class TpuTarget(ForegroundTarget):
         if shutil.which(cfg.tpu.gcloud) is None:
             raise SubmitError(f"tpu.gcloud={cfg.tpu.gcloud!r} is not on PATH: target=tpu needs the Google Cloud CLI "
                               "(https://cloud.google.com/sdk), logged in.")
+        if cfg.tpu.mode == "existing":
+            check_existing(Commands(cfg, "-", "-"), cfg)
 
     def plan_commands(self, cfg: Config, cell_dir: Path) -> List[str]:
         return plan_commands(cfg, cell_dir)
@@ -316,64 +528,35 @@ class TpuTarget(ForegroundTarget):
             outcomes.append(run_cell(c))
         return outcomes
 
+    def jobs(self, run_dir: Path) -> Dict[str, JobInfo]:
+        return {d.name: job_info(d, rec) for d, rec in _records(run_dir)}
 
-def run_cell(cell: Cell) -> Outcome:
-    cell_cfg, cell_dir = cell.cfg, cell.dir
-    s = slice_of(cell_cfg)
-    archive, version = build_archive(cell_cfg, cell.name, cell_dir.parent / "tpu")
-    c = Commands(cell_cfg, version, cell.name)
-    queued = cell_cfg.tpu.mode == "queued"
-    created = False
-    try:
-        if queued:
-            log.info(f"creating queued resource {c.node} ({s.accelerator_type}, {s.workers} worker(s), {cell_cfg.tpu.capacity})")
-            _run(c.create(), "creating the queued resource")
-            created = True
-            wait_active(c, cell_cfg)
-        else:
-            desc = json.loads(_run(c.describe_vm(), f"describing TPU VM {c.node}"))
-            found = len(desc.get("networkEndpoints", []))
-            if desc.get("state") not in (None, "READY"):
-                raise SubmitError(f"TPU VM {c.node} is {desc.get('state')}, not READY")
-            if found != s.workers:
-                raise SubmitError(f"TPU VM {c.node} has {found} worker(s) but devices={cell_cfg.devices} on {cell_cfg.tpu.generation} needs {s.workers}")
-        log.info(f"shipping {archive.name} to {s.workers} worker(s) and running tpu.setup")
-        _run(c.scp_to_all(str(archive)), "copying the code to the workers")
-        _run(c.unpack_and_setup(), "unpacking the code and running tpu.setup")
-        _run(c.free_chips(), "freeing the TPU chips")
-        r = run_workers(c, s.workers, cell_dir)
-        _copy_back(c, cell_dir)
-        if r.returncode:
-            i = int(r.failed.rsplit("-", 1)[1])
-            procs.report_failure(f"cell {cell.name} failed: worker {i} {procs.describe_exit(r.returncode)}; "
-                                 f"the other workers were stopped. Last lines of worker {i}:", r.tail)
-            return Outcome(cell.name, "failed", exit_code(r.returncode) or 1, f"worker {i} {procs.describe_exit(r.returncode)}")
-        return Outcome(cell.name, "ok")
-    except SubmitError as e:
-        print(f"scaleout: error: {e}", file=sys.stderr, flush=True)  # the CLI's form for a refusal
-        return Outcome(cell.name, "failed", 2, str(e))
-    finally:
-        if created and not cell_cfg.tpu.keep:
-            log.info(f"deleting queued resource {c.node}")
-            subprocess.run(c.delete(), capture_output=True, timeout=600)
+    def log_files(self, run_dir: Path, cell: str) -> List[Path]:
+        """A detached job's logs are fetched from the workers into <cell>/logs/ (which `logs` shows)."""
+        d = Path(run_dir) / cell
+        rec = Record.load(d)
+        if rec is not None and rec.state == "running" and rec.job and not _attached(d):
+            c, _ = _cell_commands(d, rec)
+            collect_logs(c, rec, d)
+        return []
 
-
-def _copy_back(c: Commands, cell_dir: Path) -> None:
-    """metrics.jsonl from worker 0, appending only the records this run added."""
-    local_metrics = cell_dir / METRICS_NAME
-    tmp = cell_dir / (METRICS_NAME + ".worker0")
-    p = subprocess.run(c.copy_back(f"{c.remote_cell}/{METRICS_NAME}", str(tmp)), capture_output=True, text=True, timeout=600)
-    if p.returncode == 0 and tmp.is_file():
-        seen = max((r.get("time", 0) for r in files.read_records(local_metrics)), default=0)
-        new = []
-        for line in tmp.read_text().splitlines():
-            try:
-                if json.loads(line).get("time", 0) > seen:
-                    new.append(line)
-            except (json.JSONDecodeError, AttributeError):  # a torn last line
+    def cancel(self, run_dir: Path, cells: Sequence[str]) -> Dict[str, str]:
+        out = {}
+        for d, rec in _records(run_dir):
+            if d.name not in cells:
                 continue
-        with open(local_metrics, "a") as out:  # only what this run added (a reused VM keeps older records)
-            out.writelines(line + "\n" for line in new)
-        tmp.unlink()
-    else:
-        log.warning(f"could not copy metrics.jsonl back from worker 0: {(p.stderr or '').strip()[-300:]}")
+            holder = _attached(d)
+            if rec.state == "ended":
+                out[d.name] = f"already finished ({rec.result})"
+            elif holder:
+                out[d.name] = f"its launcher ({holder}) is still running it: stop that launcher (Ctrl-C), which stops the trainers"
+            else:
+                out[d.name] = "; ".join(_finish(d, rec, "CANCELLED", stop=True)) or "nothing was running"
+        return out
+
+    def wait(self, run_dir: Path, poll_s: float = 5.0, timeout_s: Optional[float] = None) -> None:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while any(j.live for j in self.jobs(run_dir).values()):
+            if deadline is not None and time.monotonic() > deadline:
+                raise SubmitError(f"the TPU jobs of {run_dir} are still running after {timeout_s:g} s")
+            time.sleep(poll_s)
