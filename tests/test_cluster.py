@@ -22,6 +22,7 @@ PROBE = [sys.executable, str(Path(__file__).resolve().parent / "gpu_probe.py")]
 GPU_NODES = ["n1", "n2"]
 USABLE = {"idle", "mixed", "allocated", "completing"}
 WAIT_S = 300  # a job may queue behind other tests' jobs
+JOB_NAME = f"test-cluster-{os.getpid()}"  # this pytest's jobs only: cancelled after every test
 
 
 def _unavailable(msg):
@@ -44,6 +45,15 @@ def gpu_cluster():
     return {n: s for n, _, s in rows}
 
 
+@pytest.fixture(autouse=True)
+def cancel_own_jobs():
+    """Whatever a test leaves queued (a timed-out srun/sbatch --wait) is cancelled, by this pytest's job name."""
+    yield
+    ids = subprocess.run(["squeue", "-h", "-n", JOB_NAME, "-o", "%i"], capture_output=True, text=True).stdout.split()
+    if ids:
+        subprocess.run(["scancel", *ids], capture_output=True)
+
+
 def _run(cmd, cwd=None, timeout=WAIT_S):
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout)
 
@@ -53,10 +63,15 @@ def _probe_records(stdout):
     return sorted(recs, key=lambda r: int(r["env"]["SLURM_PROCID"]))
 
 
-def _srun_probe(*opts):
-    p = _run(["srun", "-p", "gpu", "-N2", "--ntasks-per-node=2", "--time=5", "-J", "test-cluster", *opts, *PROBE])
-    assert p.returncode == 0, p.stdout + p.stderr
-    return _probe_records(p.stdout)
+def _srun_probe(tmp_path, *opts):
+    """One output file per task: on srun's own stdout, lines of several tasks interleave past ~1 KiB."""
+    out = tmp_path / "srun-probe"
+    out.mkdir(exist_ok=True)
+    p = _run(["srun", "-p", "gpu", "-N2", "--ntasks-per-node=2", "--time=5", "-J", JOB_NAME,
+              f"--output={out}/%t.out", f"--error={out}/%t.err", *opts, *PROBE], cwd=tmp_path)
+    logs = "".join(f.read_text() for f in sorted(out.iterdir()))
+    assert p.returncode == 0, p.stdout + p.stderr + logs
+    return _probe_records("".join(f.read_text() for f in sorted(out.glob("*.out"))))
 
 
 def _sbatch_probe(tmp_path, *opts):
@@ -64,7 +79,7 @@ def _sbatch_probe(tmp_path, *opts):
     script = tmp_path / "probe.sh"
     script.write_text("#!/bin/bash\nsrun " + " ".join(f"'{a}'" for a in PROBE) + "\n")
     out = tmp_path / "probe.out"
-    p = _run(["sbatch", "--wait", "-p", "gpu", "-N2", "--ntasks-per-node=2", "--time=5", "-J", "test-cluster",
+    p = _run(["sbatch", "--wait", "-p", "gpu", "-N2", "--ntasks-per-node=2", "--time=5", "-J", JOB_NAME,
               f"--output={out}", *opts, str(script)], cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr + (out.read_text() if out.exists() else "")
     return _probe_records(out.read_text())
@@ -118,14 +133,14 @@ def test_every_node_is_usable_and_gpu_partition_shows_its_gres(gpu_cluster):
 
 # --------------------------------------------------------------------------- GPU binding, rank variables
 
-def test_srun_gpus_per_task_gives_each_task_its_own_gpu(gpu_cluster):
-    recs = _srun_probe("--gpus-per-task=1")
+def test_srun_gpus_per_task_gives_each_task_its_own_gpu(gpu_cluster, tmp_path):
+    recs = _srun_probe(tmp_path, "--gpus-per-task=1")
     _assert_two_node_ranks(recs)
     _assert_one_gpu_per_task(recs)
 
 
-def test_srun_gpus_per_node_gives_every_task_both_gpus(gpu_cluster):
-    recs = _srun_probe("--gpus-per-node=2")
+def test_srun_gpus_per_node_gives_every_task_both_gpus(gpu_cluster, tmp_path):
+    recs = _srun_probe(tmp_path, "--gpus-per-node=2")
     _assert_two_node_ranks(recs)
     _assert_both_gpus_per_task(recs)
 
@@ -143,9 +158,9 @@ def test_sbatch_gpus_per_node_reaches_a_plain_srun(gpu_cluster, tmp_path):
     _assert_both_gpus_per_task(recs)
 
 
-def test_gpus_per_node_below_tasks_per_node_makes_tasks_share_a_gpu(gpu_cluster):
+def test_gpus_per_node_below_tasks_per_node_makes_tasks_share_a_gpu(gpu_cluster, tmp_path):
     """SLURM does not refuse `--gpus-per-node=1 --ntasks-per-node=2`: both tasks of a node see GPU 0."""
-    recs = _srun_probe("--gpus-per-node=1")
+    recs = _srun_probe(tmp_path, "--gpus-per-node=1")
     _assert_two_node_ranks(recs)
     assert [r["env"]["CUDA_VISIBLE_DEVICES"] for r in recs] == ["0"] * 4, recs
 
@@ -155,14 +170,14 @@ def test_gpus_per_node_below_tasks_per_node_makes_tasks_share_a_gpu(gpu_cluster)
 def test_two_node_gpu_job_runs_while_the_debug_node_is_full(gpu_cluster, tmp_path):
     """n1 and n2 declare their own CPUs: a job filling the debug node does not hold up the gpu partition."""
     blocker = _run(["sbatch", "--parsable", "-p", "debug", "-N1", "-n1", "--cpus-per-task=2", "--time=5",
-                    "-J", "test-cluster-blocker", f"--output={tmp_path}/blocker.out", "--wrap", "sleep 300"]).stdout.strip()
+                    "-J", JOB_NAME, f"--output={tmp_path}/blocker.out", "--wrap", "sleep 300"]).stdout.strip()
     assert blocker.isdigit(), blocker
     try:
         deadline = time.time() + WAIT_S
         while _run(["squeue", "-h", "-j", blocker, "-o", "%T"]).stdout.strip() != "RUNNING":
             assert time.time() < deadline, "the blocker job never started on debug (other jobs held it too long)"
             time.sleep(1)
-        recs = _srun_probe("--gpus-per-task=1", "--immediate=120")
+        recs = _srun_probe(tmp_path, "--gpus-per-task=1", "--immediate=120")
         _assert_two_node_ranks(recs)
         assert _run(["squeue", "-h", "-j", blocker, "-o", "%T"]).stdout.strip() == "RUNNING"
     finally:
@@ -180,7 +195,7 @@ def test_cpus_per_task_is_not_passed_from_sbatch_to_srun(gpu_cluster, tmp_path):
                       "srun -n2 true && echo plain-ok\n"
                       "srun -n2 --cpus-per-task=$SLURM_CPUS_PER_TASK true || echo explicit-refused\n")
     out = tmp_path / "cpt.out"
-    p = _run(["sbatch", "--wait", "-p", "gpu", "-N1", "-n1", "--cpus-per-task=2", "--time=5", "-J", "test-cluster",
+    p = _run(["sbatch", "--wait", "-p", "gpu", "-N1", "-n1", "--cpus-per-task=2", "--time=5", "-J", JOB_NAME,
               f"--output={out}", str(script)], cwd=tmp_path)
     text = out.read_text() if out.exists() else ""
     assert p.returncode == 0, p.stdout + p.stderr + text
@@ -202,7 +217,7 @@ def test_gpus_on_a_partition_without_gres_are_refused(gpu_cluster):
 def test_more_nodes_than_the_partition_has_is_accepted_and_pends_forever(gpu_cluster):
     """sbatch does not refuse -N3 on a 2-node partition: the job pends (reason PartitionNodeLimit or
     PartitionConfig, seen both) until cancelled. The launcher's preflight must count the nodes itself."""
-    p = _run(["sbatch", "--parsable", "-p", "gpu", "-N3", "--time=1", "-J", "test-cluster", "--wrap", "true"])
+    p = _run(["sbatch", "--parsable", "-p", "gpu", "-N3", "--time=1", "-J", JOB_NAME, "--wrap", "true"])
     assert p.returncode == 0, p.stderr
     job = p.stdout.strip()
     try:
