@@ -220,6 +220,15 @@ def test_bad_input_creates_nothing(tmp_path, fake, extra, message):
     assert fake.calls() == [] and not (tmp_path / "runs").exists()
 
 
+def test_plan_shows_the_checkpoint_sentence_that_run_would_refuse_with(scaleout):
+    """`plan` stays a dry run with the group file's placeholder; `run` refuses it (test_bad_input_creates_nothing)."""
+    code, out, err = scaleout("plan", "--json", "target=tpu", "devices=16", "train.global_batch=32", "run.dir=/runs", "run.name=exp")
+    assert code == 0, err
+    first = json.loads(out)["commands"][0]
+    assert first.startswith("# `scaleout run` refuses this config: checkpoint.dir=gs://CHANGE-ME-bucket/scaleout/exp/jax-d16 "
+                            "is the placeholder of configs/target/tpu.yaml")
+
+
 def test_missing_gcloud(tmp_path, fake):
     p = run_cli(_args(tmp_path, fake), cwd=tmp_path, env={"PATH": os.path.dirname(sys.executable)})
     assert p.returncode == 2 and "tpu.gcloud='gcloud' is not on PATH" in p.stderr and "Traceback" not in p.stderr
