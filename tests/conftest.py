@@ -32,6 +32,16 @@ def processes_mentioning(text: str):
     return out
 
 
+def wait_for(predicate, timeout: float = 120.0, what: str = "condition") -> None:
+    """Poll `predicate` until it holds; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
 @pytest.fixture(autouse=True)
 def no_process_left_behind(tmp_path):
     """A test that leaves a process mentioning its tmp_path running fails, and those processes are killed

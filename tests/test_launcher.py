@@ -8,11 +8,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli, run_cell, summary
+from conftest import ROOT, processes_mentioning, run_cli, wait_for
 
 PACKAGES = ("launch", "jaxrun", "torchrun_fsdp")
 SLOW_HANG = ["train.steps=40", "checkpoint.every=0"]
@@ -142,23 +141,13 @@ def test_run_refuses_a_finished_cell_with_other_math(tmp_path):
     assert " ok " in p.stdout, p.stdout
 
 
-def _wait_for(pred, timeout=120.0, what="condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _steps(cell):
     path = cell / "metrics.jsonl"
     return path.is_file() and any('"kind": "step"' in l for l in path.read_text().splitlines())
 
 
 def _pids_with(text):
-    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
-    return [int(l.split(None, 1)[0]) for l in out.splitlines() if text in l and "ps -eo" not in l]
+    return [pid for pid, _ in processes_mentioning(text)]
 
 
 def _launch(tmp_path, *extra, env=None):
@@ -173,7 +162,7 @@ def test_second_launcher_on_a_running_cell_is_refused(tmp_path):
     first = _launch(tmp_path, *SLOW_HANG, env={"SCALEOUT_FAULT": "hang@3"})
     cell = tmp_path / "runs" / "r" / "jax-d1"
     try:
-        _wait_for(lambda: _steps(cell), what="the first run's steps")
+        wait_for(lambda: _steps(cell), what="the first run's steps")
         second = run_cli(["run", f"run.dir={tmp_path}/runs", "run.name=r", f"jax.cache_dir={tmp_path}/jc", *SLOW_HANG], tmp_path)
         assert second.returncode == 2
         assert f"cell jax-d1 is being run by PID {first.pid}" in second.stderr, second.stderr
@@ -189,12 +178,12 @@ def test_sigterm_to_the_launcher_stops_its_trainers(tmp_path, framework):
     """SIGTERM to `scaleout run` stops every trainer process, even a hung one, and exits 143 (issue 13.2/13.3)."""
     p = _launch(tmp_path, f"framework={framework}", "devices=2", *SLOW_HANG, env={"SCALEOUT_FAULT": "hang@3"})
     cell = tmp_path / "runs" / "r" / f"{framework}-d2"
-    _wait_for(lambda: _steps(cell), what="steps")
+    wait_for(lambda: _steps(cell), what="steps")
     assert _pids_with(str(cell)), "no trainer running?"
     t0 = time.monotonic()
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=60) == 143
-    _wait_for(lambda: not _pids_with(str(cell)), timeout=30, what="trainers to exit")
+    wait_for(lambda: not _pids_with(str(cell)), timeout=30, what="trainers to exit")
     assert time.monotonic() - t0 < 40
 
 
@@ -204,10 +193,10 @@ def test_sigkill_of_the_launcher_takes_its_trainers_down(tmp_path, framework):
     """A launcher killed with SIGKILL leaves no trainer behind (issue 13.2)."""
     p = _launch(tmp_path, f"framework={framework}", "devices=2", *SLOW_HANG, env={"SCALEOUT_FAULT": "hang@3"})
     cell = tmp_path / "runs" / "r" / f"{framework}-d2"
-    _wait_for(lambda: _steps(cell), what="steps")
+    wait_for(lambda: _steps(cell), what="steps")
     p.kill()
     p.wait()
-    _wait_for(lambda: not _pids_with(str(cell)), timeout=30, what="orphaned trainers to exit")
+    wait_for(lambda: not _pids_with(str(cell)), timeout=30, what="orphaned trainers to exit")
 
 
 @pytest.mark.slow
@@ -215,7 +204,7 @@ def test_trainer_killed_by_a_signal_exits_like_a_shell(tmp_path):
     """A trainer killed by SIGKILL makes `scaleout run` exit 137 (128 + 9), not 247 (issue 13.12)."""
     p = _launch(tmp_path, *SLOW_HANG, env={"SCALEOUT_FAULT": "hang@3"})
     cell = tmp_path / "runs" / "r" / "jax-d1"
-    _wait_for(lambda: _steps(cell), what="steps")
+    wait_for(lambda: _steps(cell), what="steps")
     for pid in _pids_with(f"{cell}/config.yaml"):
         os.kill(pid, signal.SIGKILL)
     assert p.wait(timeout=60) == 137

@@ -214,3 +214,15 @@ def test_sbatch_refusals_are_one_sentence(cluster, tmp_path):
     assert p.returncode == 2 and "needs 4 GPUs on each node but the nodes of partition gpu have at most 2" in p.stderr, p.stderr
     for b in ("b1", "b2", "b3", "b4"):
         assert not (tmp_path / "runs" / b).exists()
+
+
+def test_partition_time_and_node_limits(monkeypatch):
+    """SLURM accepts a job over the partition's MaxTime/MaxNodes and leaves it pending forever: refuse it first."""
+    assert [slurm.sinfo_minutes(x) for x in ("30:00", "2:00:00", "1-12:00:00", "infinite", "5", "0:30")] == [30, 120, 2160, None, 5, 1]
+    monkeypatch.setattr(slurm, "partition_limits", lambda partition: (30, 1))
+    with pytest.raises(slurm.SubmitError, match=r"slurm\.time_min=60 is more than the 30 minutes partition p allows"):
+        slurm.check_partition_limits(config.load(["target=slurm", "slurm.partition=p", "slurm.time_min=60"]))
+    with pytest.raises(slurm.SubmitError, match=r"needs 2 nodes .* takes at most 1 per job \(MaxNodes\)"):
+        slurm.check_partition_limits(config.load(["target=slurm", "slurm.partition=p", "slurm.time_min=10", "devices=4",
+                                                  "slurm.devices_per_node=2"]))
+    slurm.check_partition_limits(config.load(["target=slurm", "slurm.partition=p", "slurm.time_min=30"]))

@@ -16,7 +16,7 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 from launch import envvars, files
 from launch.schema import Config

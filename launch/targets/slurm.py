@@ -18,7 +18,6 @@ one command whose words are quoted (no `;`, `$(...)` or expansion reaches the sh
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shlex
 import shutil
@@ -227,6 +226,51 @@ def check_partition(cfg: Config) -> None:
                           f"nodes of {where} have at most {have_gpus}; set slurm.devices_per_node={have_gpus} (and slurm.gpus_per_node={have_gpus}).")
 
 
+def sinfo_minutes(limit: str) -> Optional[int]:
+    """sinfo's %l (`30:00`, `2:00:00`, `1-12:00:00`, `infinite`) in whole minutes, rounded up; None = no limit."""
+    days, _, clock = limit.strip().rpartition("-")
+    parts = clock.split(":")
+    if (days and not days.isdigit()) or not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
+        return None
+    h, m, s = ((0, int(parts[0]), 0) if len(parts) == 1 else (0, int(parts[0]), int(parts[1])) if len(parts) == 2
+               else tuple(int(p) for p in parts))
+    return (int(days or 0) * 24 + h) * 60 + m + (1 if s else 0)
+
+
+def partition_limits(partition: Optional[str]) -> Optional[Tuple[Optional[int], Optional[int]]]:
+    """(MaxTime in minutes, MaxNodes per job) of the partition, or of the default one; None = sinfo cannot tell."""
+    argv = ["sinfo", "-h", "-o", "%l|%s|%P"] + (["-p", partition] if partition else [])
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if p.returncode:
+        return None
+    for line in p.stdout.splitlines():
+        limit, size, part = (line.strip().split("|") + ["", ""])[:3]
+        if partition or part.endswith("*"):
+            top = size.strip().rpartition("-")[2]  # %s: `1-infinite`, `1-4`, `2`
+            return sinfo_minutes(limit), (int(top) if top.isdigit() else None)
+    return None
+
+
+def check_partition_limits(cfg: Config) -> None:
+    """MaxTime and MaxNodes: SLURM (EnforcePartLimits=NO, the default) accepts a job over them and leaves it
+    pending forever."""
+    limits = partition_limits(cfg.slurm.partition)
+    if limits is None:
+        return
+    max_time, max_nodes = limits
+    where = f"partition {cfg.slurm.partition}" if cfg.slurm.partition else "the default partition"
+    if max_time is not None and cfg.slurm.time_min > max_time:
+        raise SubmitError(f"slurm.time_min={cfg.slurm.time_min} is more than the {max_time} minutes {where} allows (MaxTime), "
+                          f"so SLURM would leave the job pending forever; set slurm.time_min={max_time} or less.")
+    nodes, _ = shape(cfg)
+    if max_nodes is not None and nodes > max_nodes:
+        raise SubmitError(f"devices={cfg.devices} needs {nodes} nodes of slurm.devices_per_node={cfg.slurm.devices_per_node} "
+                          f"but {where} takes at most {max_nodes} per job (MaxNodes); use fewer devices or more tasks per node.")
+
+
 def check_setup_script(cfg: Config) -> None:
     path = cfg.slurm.setup_script
     if path and not Path(path).expanduser().is_file():
@@ -259,6 +303,7 @@ class SlurmTarget:
         check_sbatch()
         check_setup_script(cfg)
         check_partition(cfg)
+        check_partition_limits(cfg)
         key = resource_key(cfg)
         if key not in self._tested:
             test_submit(cfg, Path(tempfile.gettempdir()) / FOLDER / "%j", f"{cfg.framework}-d{cfg.devices}")
