@@ -15,6 +15,7 @@ import optax
 from launch import config
 from launch.data import Batches
 from launch.params import init_param, init_stacked, param_table
+from jaxrun.train import MATMUL_PRECISION
 
 
 def rms(x, w, eps=1e-5):
@@ -52,6 +53,7 @@ def main():
     args = ap.parse_args()
     cfg = config.load([f"model={args.preset}"])
     m, t = cfg.model, cfg.train
+    jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[m.matmul_precision])  # as the trainer
     p = {"layers": {}}
     for spec in param_table(m):
         short = spec.name.split(".")[-2] if spec.name.endswith(".weight") else spec.name.split(".")[-1]

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from launch import config
 from launch.data import Batches
 from launch.params import init_param, named_params
+from torchrun_fsdp.train import MATMUL_PRECISION
 
 
 def rms(x, w, eps=1e-5):
@@ -30,6 +31,7 @@ def main():
     torch.set_num_threads(os.cpu_count())
     cfg = config.load([f"model={args.preset}"])
     m, t = cfg.model, cfg.train
+    torch.set_float32_matmul_precision(MATMUL_PRECISION[m.matmul_precision])  # as the trainer
     p = {n: torch.tensor(init_param(m, t.seed, n, s), requires_grad=True) for n, s in named_params(m)}
     decay = [p[n] for n, s in named_params(m) if s.decay]
     rest = [p[n] for n, s in named_params(m) if not s.decay]

@@ -6,11 +6,13 @@ Conventions shared with the PyTorch trainer (they keep the loss curves equal):
 - clip: g * min(1, clip_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_;
 - AdamW: eps added to sqrt(v_hat) after bias correction; decoupled decay p *= 1 - lr * wd,
   applied to matmul weights only (not norms, not the embedding);
-- the learning rate of every step comes from `launch.loop.lr_at`, passed in as an argument.
+- the learning rate of every step comes from `launch.loop.lr_at`, passed in as an argument;
+- fp32 matmul precision from `model.matmul_precision` (`highest`: no TF32), set explicitly.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import time
 from pathlib import Path
@@ -30,6 +32,9 @@ from jaxrun import checkpoint, mesh as mesh_mod
 from jaxrun.model import Transformer, cross_entropy
 
 CLIP_EPS = 1e-6
+# model.matmul_precision -> jax_default_matmul_precision. JAX's own default lets fp32 matmuls run
+# as TF32 on recent GPUs while PyTorch's does not; both trainers set it explicitly and the same.
+MATMUL_PRECISION = {"highest": "highest", "tf32": "tensorfloat32"}
 
 
 def make_optimizer(cfg: Config, decay_mask) -> optax.GradientTransformation:
@@ -38,39 +43,36 @@ def make_optimizer(cfg: Config, decay_mask) -> optax.GradientTransformation:
                        optax.add_decayed_weights(t.weight_decay, mask=decay_mask))
 
 
-class JaxEngine:
-    framework = "jax"
+class TrainStep:
+    """The train step the trainer runs: model graph, abstract state, shardings, optimizer and the
+    jitted step with its in/out shardings and donated state. `JaxEngine` compiles and runs it;
+    `jaxrun.aot` lowers exactly this object for devices this machine does not have."""
 
-    def __init__(self, cfg: Config, cell_dir: Path):
-        self.cfg, self.cell_dir = cfg, cell_dir
-        self.process_index, self.process_count = jax.process_index(), jax.process_count()
-        self.mesh = mesh_mod.make_mesh(cfg)
-        self.device_kind = self.mesh.devices.flat[0].device_kind
-        self.platform = self.mesh.devices.flat[0].platform
+    def __init__(self, cfg: Config, mesh):
+        self.cfg, self.mesh = cfg, mesh
         m = cfg.model
         self.graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(m, nnx.Rngs(0))))
-        self.param_sh = mesh_mod.param_shardings(self.mesh, cfg, abstract)
+        self.param_sh = mesh_mod.param_shardings(mesh, cfg, abstract)
         decay = {spec.stacked_name: spec.decay for spec in param_table(m)}
         self.decay_mask = jax.tree.map_with_path(lambda p, _: decay[mesh_mod.path_name(p)], abstract)
         self.tx = make_optimizer(cfg, self.decay_mask)
         self.abstract_params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, self.param_sh)
         abstract_opt = jax.eval_shape(self.tx.init, self.abstract_params)
-        rep = mesh_mod.replicated(self.mesh)
+        rep = mesh_mod.replicated(mesh)
         self.opt_sh = optax.tree_map_params(self.tx, lambda _, s: s, abstract_opt, self.param_sh,
                                             transform_non_params=lambda _: rep)
         self.abstract_opt = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_opt, self.opt_sh)
-        self.batch_sh = mesh_mod.batch_sharding(self.mesh)
-        self.microbatch_sh = mesh_mod.microbatch_sharding(self.mesh)
-        self.lazy_compile_s = 0.0  # everything is compiled ahead of the first step (`compile`)
-        self.data = Batches(cfg.data, m.vocab_size, m.seq_len)
-        self.params = self.opt_state = None
-        self.compiled = None
-        self._any_fn = None
-        self.ckpt = checkpoint.Checkpointer(cfg, self.abstract_state())
-        self._step_fn = jax.jit(self._train_step, in_shardings=(self.param_sh, self.opt_sh, self.batch_sh, self.batch_sh, None),
-                                out_shardings=(self.param_sh, self.opt_sh, rep, rep), donate_argnums=(0, 1))
+        self.batch_sh = mesh_mod.batch_sharding(mesh)
+        self.microbatch_sh = mesh_mod.microbatch_sharding(mesh)
+        self.fn = jax.jit(self._train_step, in_shardings=(self.param_sh, self.opt_sh, self.batch_sh, self.batch_sh, None),
+                          out_shardings=(self.param_sh, self.opt_sh, rep, rep), donate_argnums=(0, 1))
 
-    # ------------------------------------------------------------------ the math
+    def lower(self):
+        """The step lowered for its abstract arguments: the state and a (global_batch, seq_len) batch."""
+        B, T = self.cfg.train.global_batch, self.cfg.model.seq_len
+        batch = jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=self.batch_sh)
+        return self.fn.lower(self.abstract_params, self.abstract_opt, batch, batch, jax.ShapeDtypeStruct((), jnp.float32))
+
     def _loss(self, params, inputs, targets):
         model = nnx.merge(self.graphdef, params)
         logits = model(inputs, self.cfg.model, mesh_mod.activation_constraint(self.mesh))
@@ -102,16 +104,39 @@ class JaxEngine:
         params = jax.tree.map(lambda p, u: p - lr * u, params, updates)
         return params, opt_state, loss, gnorm
 
+
+class JaxEngine:
+    framework = "jax"
+
+    def __init__(self, cfg: Config, cell_dir: Path):
+        self.cfg, self.cell_dir = cfg, cell_dir
+        jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[cfg.model.matmul_precision])
+        self.settings = {"matmul_precision": cfg.model.matmul_precision,
+                         "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
+                         "xla_flags": os.environ.get("XLA_FLAGS", "")}
+        self.process_index, self.process_count = jax.process_index(), jax.process_count()
+        self.mesh = mesh_mod.make_mesh(cfg)
+        self.device_kind = self.mesh.devices.flat[0].device_kind
+        self.platform = self.mesh.devices.flat[0].platform
+        m = cfg.model
+        self.program = TrainStep(cfg, self.mesh)
+        p = self.program
+        self.param_sh, self.opt_sh, self.batch_sh, self.tx = p.param_sh, p.opt_sh, p.batch_sh, p.tx
+        self.abstract_params, self.abstract_opt = p.abstract_params, p.abstract_opt
+        self.lazy_compile_s = 0.0  # everything is compiled ahead of the first step (`compile`)
+        self.data = Batches(cfg.data, m.vocab_size, m.seq_len)
+        self.params = self.opt_state = None
+        self.compiled = None
+        self._any_fn = None
+        self.ckpt = checkpoint.Checkpointer(cfg, self.abstract_state())
+
     # ------------------------------------------------------------------ Engine
     def abstract_state(self) -> Dict[str, Any]:
         return {"params": self.abstract_params, "opt_state": self.abstract_opt}
 
     def compile(self) -> float:
-        B, T = self.cfg.train.global_batch, self.cfg.model.seq_len
-        batch = jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=self.batch_sh)
         t0 = time.perf_counter()
-        self.compiled = self._step_fn.lower(self.abstract_params, self.abstract_opt, batch, batch,
-                                            jax.ShapeDtypeStruct((), jnp.float32)).compile()
+        self.compiled = self.program.lower().compile()
         return time.perf_counter() - t0
 
     def init_state(self) -> None:

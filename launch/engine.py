@@ -144,21 +144,20 @@ def die_with_launcher(stopper: Stopper, grace_s: float = LAUNCHER_GONE_GRACE_S) 
     """Make this trainer end when whoever started it is gone: no orphaned trainers.
 
     Two mechanisms, because torchrun sits between the launcher and the PyTorch workers:
-    `PR_SET_PDEATHSIG` (SIGTERM when the parent process dies: the launcher, or torchrun), and a
-    watchdog thread on the launcher's PID (`SCALEOUT_PARENT_PID`, when set) and on this process's
-    parent. When either is gone the loop is asked to stop after the current step (so a checkpoint
-    is written); if the process is still alive `grace_s` later it ends itself.
+    `PR_SET_PDEATHSIG` (SIGTERM when the parent process dies: the launcher, or torchrun; a first
+    SIGTERM asks for a clean stop), and, when a launcher says who it is (`SCALEOUT_PARENT_PID`), a
+    watchdog thread on that PID and on this process's parent. When either is gone the loop is asked
+    to stop after the current step (so a checkpoint is written); if the process is still alive
+    `grace_s` later (stuck in a step or a collective) it ends itself. Returns the watchdog thread.
     """
     set_parent_death_signal(signal.SIGTERM)
-    watched: Dict[int, Optional[str]] = {}
+    launcher = os.environ.get(envvars.PARENT_PID, "").strip()
+    if not (launcher.isdigit() and int(launcher) > 1):
+        return None  # started by hand: the parent-death signal alone
+    watched: Dict[int, Optional[str]] = {int(launcher): _start_time(int(launcher))}
     ppid = os.getppid()
     if ppid > 1:
         watched[ppid] = _start_time(ppid)
-    launcher = os.environ.get(envvars.PARENT_PID, "").strip()
-    if launcher.isdigit() and int(launcher) > 1:
-        watched[int(launcher)] = _start_time(int(launcher))
-    if not watched:
-        return None
 
     def watch() -> None:
         while True:

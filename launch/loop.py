@@ -25,7 +25,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Protocol
+from typing import Any, Callable, Dict, List, Optional, Protocol
 
 from launch import config as config_mod
 from launch import envvars, files, flops, metrics
@@ -58,6 +58,7 @@ class Engine(Protocol):
     process_count: int
     device_kind: str
     lazy_compile_s: float  # compile time spent inside the first step (torch.compile); 0 if none
+    settings: Dict[str, Any]  # what the framework was set to that changes speed or numerics (recorded)
 
     def compile(self) -> float: ...  # seconds spent compiling before the first step (0 if lazy)
     def restore(self) -> int: ...  # completed steps of the latest complete checkpoint, 0 if none
@@ -81,7 +82,7 @@ class StopRequest(Protocol):
 class Fault:
     """Fault injection for tests of failure handling: SCALEOUT_FAULT="KIND@STEP[:pN][:cell=NAME]".
 
-    KIND is crash (raise), nan (report a non-finite loss) or hang (sleep); `:pN` limits it to
+    KIND is crash (raise), nan (report a non-finite loss), hang (sleep) or hold (wait for a stop signal); `:pN` limits it to
     process N, `:cell=NAME` to one cell of a sweep.
     """
     kind: str
@@ -107,10 +108,13 @@ class Fault:
     def applies(self, process: int, cell: str) -> bool:
         return self.process in (None, process) and self.cell in (None, cell)
 
-    def before_step(self, step: int) -> None:
-        """Called before the step that will complete `step`."""
+    def before_step(self, step: int, stop_requested: Callable[[], bool] = lambda: False) -> None:
+        """Called before the step that will complete `step`; `stop_requested` says whether a stop signal arrived."""
         if self.step != step:
             return
+        if self.kind == "hold":  # wait for a stop signal: a test can signal a running trainer without racing it
+            while not stop_requested():
+                time.sleep(0.05)
         if self.kind == "crash":
             raise RuntimeError(f"injected crash at step {self.step} ({envvars.FAULT})")
         if self.kind == "hang":
@@ -191,7 +195,8 @@ class SummaryBuilder:
             "framework": engine.framework, "devices": cfg.devices, "processes": engine.process_count,
             "status": "failed", "error": None, "flops_per_token": flops.flops_per_token(cfg.model),
             "params": count_params(cfg.model)["total"], "global_batch": t.global_batch,
-            "seq_len": cfg.model.seq_len, "resumed_from_step": None, "steps": 0}
+            "seq_len": cfg.model.seq_len, "matmul_precision": cfg.model.matmul_precision,
+            "resumed_from_step": None, "steps": 0}
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.fields[key] = value
@@ -263,7 +268,8 @@ def start_record(engine: Engine, cfg: Config) -> Dict[str, Any]:
     return dict(framework=engine.framework, devices=cfg.devices, processes=engine.process_count,
                 device_kind=engine.device_kind, host_cores=os.cpu_count(), host=platform.node(),
                 config_hash=config_mod.math_hash(cfg), model=cfg.model.name, global_batch=t.global_batch,
-                seq_len=cfg.model.seq_len, mesh=config_mod.mesh_shape(cfg), versions=engine.versions())
+                seq_len=cfg.model.seq_len, mesh=config_mod.mesh_shape(cfg), versions=engine.versions(),
+                settings=engine.settings)
 
 
 def run(engine: Engine, cfg: Config, cell_dir: Path, *, process_start: float, stopper: StopRequest) -> Dict[str, Any]:
@@ -305,7 +311,7 @@ def run(engine: Engine, cfg: Config, cell_dir: Path, *, process_start: float, st
         for step in range(start, stop):
             done = step + 1  # completed steps once this one is through
             if fault:
-                fault.before_step(done)
+                fault.before_step(done, lambda: stopper.requested is not None)
             lr = lr_at(step, t)
             timer.start()
             loss, gnorm = engine.train_step(step, lr)

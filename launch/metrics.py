@@ -1,12 +1,14 @@
 """The one metrics writer both trainers use, and the figures derived from step times.
 
 `<cell>/metrics.jsonl` holds one JSON object per line with a `kind`:
-  start    framework, devices, processes, device_kind, host_cores, config_hash, versions
+  start    framework, devices, processes, device_kind, host_cores, config_hash, versions, settings
+           (what the framework was set to: matmul precision, XLA flags)
   compile  seconds (lowering + compiling the train step; torch.compile time)
   step     step, loss, grad_norm, lr, step_time_s, tokens_per_s, tokens_per_s_per_device, mfu
   checkpoint  step, seconds (time the training loop was blocked)
   checkpoint_wait  seconds (waiting for in-flight saves at the end)
   summary  framework, devices, processes, status (ok | stopped | failed), error, steps, final_loss,
+           matmul_precision,
            compile_s, time_to_first_step_s, step_time_p50_s, step_time_p90_s, tokens_per_s,
            tokens_per_s_per_device, mfu, flops_per_token, peak_flops_per_device, params,
            bytes_per_device, peak_memory_bytes, resumed_from_step, loop_tokens_per_s

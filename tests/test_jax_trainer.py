@@ -188,9 +188,14 @@ def test_fsdp4_each_device_holds_a_quarter(tmp_path):
 def test_checkpoint_of_another_run_is_refused_unless_load_from(tmp_path):
     from jaxrun_helpers import run_trainer, summary as last, write_cell
     shared = tmp_path / "shared-ckpt"
-    a = write_cell(tmp_path / "a", "run.id=run-a", f"checkpoint.dir={shared}", "train.steps=6", "train.stop_after=4")
+    a = write_cell(tmp_path / "a", "run.id=run-a", f"checkpoint.dir={shared}", "train.steps=6", "train.stop_after=4",
+                   "jax.xla_flags=--xla_force_host_platform_device_count=1")
     p, recs = run_trainer("jax", a)
     assert p.returncode == 0 and last(recs)["status"] == "stopped", p.stderr[-2000:]
+    # what the framework was set to is on record: fp32 matmuls without TF32, jax.xla_flags appended
+    settings = recs[0]["settings"]
+    assert settings["jax_default_matmul_precision"] == "highest" and last(recs)["matmul_precision"] == "highest"
+    assert settings["xla_flags"].endswith(" --xla_force_host_platform_device_count=1"), settings
     assert json.loads((shared / "4" / "meta" / "metadata").read_text())["run_id"] == "run-a"
     # run B finds run A's checkpoint where its own would be: refused, in one sentence naming both runs
     b = write_cell(tmp_path / "b", "run.id=run-b", f"checkpoint.dir={shared}", "train.steps=6")

@@ -132,6 +132,7 @@ def test_checkpoint_of_another_run_is_refused_unless_load_from(tmp_path):
     common = ["framework=torch", f"checkpoint.dir={shared}"]
     p, recs = run_trainer("torch", write_cell(tmp_path / "a", *common, "run.id=run-a", "train.steps=6", "train.stop_after=4"))
     assert p.returncode == 0 and last(recs)["status"] == "stopped", p.stderr[-2000:]
+    assert recs[0]["settings"]["float32_matmul_precision"] == "highest" and last(recs)["matmul_precision"] == "highest"
     assert json.loads((shared / "step_4" / "meta.json").read_text())["run_id"] == "run-a"
     p, recs = run_trainer("torch", write_cell(tmp_path / "b", *common, "run.id=run-b", "train.steps=6"))
     assert p.returncode == 1

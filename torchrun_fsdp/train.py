@@ -4,7 +4,7 @@ The model is built on the meta device, sharded with FSDP2, then materialised: ev
 only its own shard from the framework-neutral numpy init (`launch.params`), so no rank ever holds
 the whole model. Conventions shared with the JAX trainer: torch's clip_grad_norm_ (norm + 1e-6),
 AdamW with eps outside the sqrt and decoupled decay on matmul weights only, lr from
-`launch.loop.lr_at` set on every step.
+`launch.loop.lr_at` set on every step, fp32 matmul precision from `model.matmul_precision`.
 """
 
 from __future__ import annotations
@@ -30,6 +30,11 @@ from torchrun_fsdp.checkpoint import Checkpointer
 from torchrun_fsdp.model import Transformer, cross_entropy
 
 
+# model.matmul_precision -> torch.set_float32_matmul_precision (`high` allows TF32), the same
+# choice the JAX trainer makes with jax_default_matmul_precision.
+MATMUL_PRECISION = {"highest": "highest", "tf32": "high"}
+
+
 def local_values(param: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
     """This rank's part of a full tensor, laid out as `param` is (DTensor shard or plain)."""
     if isinstance(param, DTensor):
@@ -42,6 +47,9 @@ class TorchEngine:
 
     def __init__(self, cfg: Config, cell_dir: Path):
         self.cfg, self.cell_dir = cfg, cell_dir
+        torch.set_float32_matmul_precision(MATMUL_PRECISION[cfg.model.matmul_precision])
+        self.settings = {"matmul_precision": cfg.model.matmul_precision,
+                         "float32_matmul_precision": torch.get_float32_matmul_precision()}
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.process_index, self.process_count = self.rank, self.world
         if torch.cuda.is_available():
