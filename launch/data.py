@@ -13,12 +13,12 @@ Sources:
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Tuple
 
 import numpy as np
 
+from launch.files import atomic_write
 from launch.schema import DataConfig
 
 FOLLOW_P = 0.8  # synthetic: probability that the next token follows the chain
@@ -66,11 +66,6 @@ class Batches:
 
 def prepare_bytes(text_path: str, out_path: str, dtype: str = "uint16") -> int:
     """Byte-tokenise a text file (one token per byte, vocab 256) into a flat token file, atomically."""
-    src = Path(text_path)
-    tokens = np.frombuffer(src.read_bytes(), dtype=np.uint8).astype(np.dtype(dtype))
-    out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    tokens.tofile(tmp)
-    tmp.replace(out)
+    tokens = np.frombuffer(Path(text_path).read_bytes(), dtype=np.uint8).astype(np.dtype(dtype))
+    atomic_write(out_path, tokens.tobytes())
     return int(tokens.size)

@@ -59,3 +59,15 @@ def test_native_sharded_init_puts_a_quarter_on_each_device(tmp_path):
         if "norm" not in path_name(path):
             assert all(s.data.size * 4 == leaf.size for s in leaf.addressable_shards), path_name(path)
     assert float(jax.numpy.std(engine.params["output"][...])) == pytest.approx(0.02, rel=0.2)
+
+
+def test_prepare_bytes_writes_atomically_and_leaves_nothing_on_failure(tmp_path):
+    from launch.data import prepare_bytes
+    text = tmp_path / "corpus.txt"
+    text.write_text("hello")
+    (tmp_path / "out").mkdir()
+    with pytest.raises(OSError):
+        prepare_bytes(str(text), str(tmp_path / "out"))  # a directory where the file should go
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "out"] and not list((tmp_path / "out").iterdir())
+    assert prepare_bytes(str(text), str(tmp_path / "sub" / "t.bin")) == 5
+    assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["t.bin"]
