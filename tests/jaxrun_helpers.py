@@ -1,15 +1,15 @@
 """Helpers for tests that start a trainer directly (`python -m jaxrun` / `torchrun_fsdp`), without the
 launcher: write a cell's config, start the trainer, wait for its records, read a checkpoint back."""
 
-import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
+
+from conftest import wait_for  # noqa: F401  (re-exported: the trainer tests import their helpers from here)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,15 +59,6 @@ def run_trainer(framework: str, config_path: Path, nproc: int = 1, timeout: floa
 def records(cell_dir: Path) -> List[dict]:
     from launch.files import read_records
     return read_records(cell_dir / "metrics.jsonl")
-
-
-def wait_for(predicate, timeout: float = 120, what: str = "condition") -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def steps_recorded(cell_dir: Path) -> int:
@@ -121,9 +112,6 @@ def summary(recs: List[dict]) -> Optional[dict]:
     s = [r for r in recs if r.get("kind") == "summary"]
     return s[-1] if s else None
 
-
-def last_json_line(text: str) -> dict:
-    return json.loads(text.strip().splitlines()[-1])
 
 
 # A stand-in for the launcher: starts the trainer command with SCALEOUT_PARENT_PID set to itself,
