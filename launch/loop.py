@@ -82,8 +82,8 @@ class StopRequest(Protocol):
 class Fault:
     """Fault injection for tests of failure handling: SCALEOUT_FAULT="KIND@STEP[:pN][:cell=NAME]".
 
-    KIND is crash (raise), nan (report a non-finite loss), hang (sleep) or hold (wait for a stop signal); `:pN` limits it to
-    process N, `:cell=NAME` to one cell of a sweep.
+    KIND is crash (raise), nan (report a non-finite loss), hang (sleep) or hold (wait for a stop
+    request); `:pN` limits it to process N, `:cell=NAME` to one cell of a sweep.
     """
     kind: str
     step: int
