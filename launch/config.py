@@ -388,6 +388,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}; pick n_heads that divides d_model.")
     if (m.d_model // m.n_heads) % 2:
         raise ConfigError(f"model.d_model/n_heads={m.d_model // m.n_heads} is odd; RoPE needs an even head dimension.")
+    if m.init not in ("numpy", "native"):  # hf:DIR: a Hugging Face Llama of exactly this shape (launch.hf)
+        from launch import hf, params
+        problem = hf.init_problem(m.init, m, params.param_shapes(m))
+        if problem:
+            raise ConfigError(problem)
     data, fsdp, tensor = resolve_parallel(cfg.devices, cfg.parallel.data, cfg.parallel.fsdp, cfg.parallel.tensor)
     if cfg.framework == "torch" and tensor > 1:
         raise ConfigError(f"parallel.tensor={tensor} is not supported with framework=torch: tensor parallelism is JAX-only; use parallel.fsdp or parallel.data.")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Dict, Iterator, Tuple
+from typing import Dict, Iterator, List, Tuple
 
 import numpy as np
 
@@ -69,6 +69,11 @@ def named_params(m: ModelConfig) -> Iterator[Tuple[str, ParamSpec]]:
             yield spec.name, spec
 
 
+def param_shapes(m: ModelConfig) -> List[Tuple[str, Tuple[int, ...]]]:
+    """(concrete name, shape) of every parameter, in table order."""
+    return [(name, spec.shape) for name, spec in named_params(m)]
+
+
 def count_params(m: ModelConfig) -> Dict[str, int]:
     total = matmul = 0
     for _, spec in named_params(m):
@@ -84,7 +89,14 @@ def _rng(seed: int, name: str) -> np.random.Generator:
 
 
 def init_param(m: ModelConfig, seed: int, name: str, spec: ParamSpec) -> np.ndarray:
-    """The initial value of one concrete parameter, float32, identical in every framework."""
+    """The initial value of one concrete parameter, float32, identical in every framework.
+
+    With `model.init=hf:DIR` it is that Hugging Face Llama directory's weight (`launch.hf`; the
+    config check at load time made sure every weight is there with this shape) and `seed` is unused.
+    """
+    if m.init not in ("numpy", "native"):  # hf:DIR (`native` is the JAX trainer's; PyTorch inits with numpy)
+        from launch import hf
+        return hf.read_param(m.init, name)
     if spec.init == "ones":
         return np.ones(spec.shape, np.float32)
     std = m.init_std / np.sqrt(2 * m.n_layers) if spec.init == "scaled_normal" else m.init_std

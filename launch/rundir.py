@@ -99,6 +99,7 @@ def cell_config(cfg: Config, name: str, rid: Optional[str] = None) -> Config:
         "run.id": rid if rid is not None else cfg.run.id,
         "jax.cache_dir": _abs(cfg.jax.cache_dir),
         **({"data.path": _abs(cfg.data.path)} if cfg.data.path else {}),
+        **({"model.init": "hf:" + _abs(cfg.model.init[3:])} if cfg.model.init.startswith("hf:") else {}),
         **({"checkpoint.load_from": _abs(cfg.checkpoint.load_from)} if cfg.checkpoint.load_from else {}),
     })
 

@@ -1,0 +1,380 @@
+"""Hugging Face Llama export (`scaleout export`) and import (`model.init=hf:DIR`).
+
+The acceptance checks (slow: they train): a `tiny` cell trained on 2 devices in each framework
+(so the checkpoint is sharded) is exported; `transformers`' LlamaForCausalLM loads the directory
+and its logits equal scaleout's own model on the same checkpoint (< 1e-4, fp32).
+
+"Step-0 loss at the same data step", formulated so that both sides compute the same number:
+the exporting run trains 4 steps and saves at 3 and 4. Its step-4 record is the loss of the
+step-3 weights on data step 3 (a step record's loss is computed before that step's update).
+Exporting step 3, the HF model's loss on data step 3 must equal that record (1e-5). Then a new
+cell in the *other* framework starts from the export (`model.init=hf:OUT`, 2 devices); its first
+step's loss is the loss of those same weights on data step 0, so it must equal the HF model's loss
+on data step 0 (1e-5) — the imported trainer starts from exactly the exported weights.
+"""
+
+import json
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from launch import config, export, hf, rundir
+from launch.config import ConfigError
+from launch.data import Batches
+from launch.params import init_param, named_params, param_shapes
+
+from conftest import in_ci, losses, run_cell
+
+
+def _transformers():
+    """`transformers` comes with the test extra; CI must have it, a bare checkout may skip."""
+    if in_ci():
+        import transformers
+    else:
+        transformers = pytest.importorskip("transformers")
+    transformers.utils.logging.disable_progress_bar()  # its bars would mix into the CLI's stderr
+    return transformers
+
+
+def _tiny():
+    return config.load().model
+
+
+def _write_hf(directory, m, *, cfg_changes=None, drop=(), add=None, seed=3):
+    """An HF Llama directory of model `m` written with launch.hf (random weights), optionally altered."""
+    directory.mkdir(parents=True, exist_ok=True)
+    params = {name: init_param(m, seed, name, spec) for name, spec in named_params(m)}
+    tensors = {k: v for k, v in hf.to_hf(params).items() if k not in drop}
+    tensors.update(add or {})
+    hf.write_safetensors(tensors, directory)
+    c = {**hf.hf_config(m), **(cfg_changes or {})}
+    (directory / hf.CONFIG_JSON).write_text(json.dumps(c))
+    return params
+
+
+def _cross_entropy(logits, targets):
+    import torch
+    return float(torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), torch.from_numpy(targets.astype(np.int64)).reshape(-1)))
+
+
+def _hf_logits(model, inputs):
+    import torch
+    with torch.no_grad():
+        return model(torch.from_numpy(inputs.astype(np.int64))).logits.float()
+
+
+# --------------------------------------------------------------------------- mapping and files
+
+def test_names_map_one_to_one_with_matmul_weights_transposed():
+    m = _tiny()
+    params = {name: init_param(m, 0, name, spec) for name, spec in named_params(m)}
+    tensors = hf.to_hf(params)
+    assert len(tensors) == len(params) == 9 * m.n_layers + 3
+    assert tensors["model.layers.1.self_attn.q_proj.weight"].shape == (m.d_model, m.d_model)
+    np.testing.assert_array_equal(tensors["model.layers.1.mlp.gate_proj.weight"], params["layers.1.feed_forward.w1"].T)
+    np.testing.assert_array_equal(tensors["lm_head.weight"], params["output"].T)
+    np.testing.assert_array_equal(tensors["model.embed_tokens.weight"], params["tok_embeddings"])
+    np.testing.assert_array_equal(tensors["model.layers.0.post_attention_layernorm.weight"], params["layers.0.ffn_norm.weight"])
+    assert {k: v.shape for k, v in tensors.items()} == hf.expected_shapes(param_shapes(m))
+    back = hf.from_hf(tensors)
+    assert back.keys() == params.keys() and all(np.array_equal(back[k], params[k]) for k in params)
+
+
+def test_config_json_is_a_llama_config_of_the_model():
+    m = config.load(["model=small"]).model
+    c = hf.hf_config(m, "bf16")
+    assert c["architectures"] == ["LlamaForCausalLM"] and c["num_key_value_heads"] == c["num_attention_heads"] == m.n_heads
+    assert (c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]) == (m.d_model, m.d_ff, m.n_layers, m.vocab_size)
+    assert c["tie_word_embeddings"] is False and c["hidden_act"] == "silu" and c["torch_dtype"] == "bfloat16"
+    assert c["rope_theta"] == m.rope_theta and c["rms_norm_eps"] == m.norm_eps
+    assert hf.model_keys(c) == {"model.d_model": m.d_model, "model.n_layers": m.n_layers, "model.n_heads": m.n_heads,
+                                "model.d_ff": m.d_ff, "model.vocab_size": m.vocab_size, "model.norm_eps": m.norm_eps,
+                                "model.rope_theta": m.rope_theta}
+
+
+def test_safetensors_shard_with_an_index_when_large_and_read_back(tmp_path):
+    m = _tiny()
+    params = {name: init_param(m, 0, name, spec) for name, spec in named_params(m)}
+    tensors = hf.to_hf(params)
+    one = tmp_path / "one"
+    one.mkdir()
+    assert hf.write_safetensors(tensors, one) == [hf.SINGLE_FILE]
+    many = tmp_path / "many"
+    many.mkdir()
+    names = hf.write_safetensors(tensors, many, max_shard_bytes=hf.parse_size("100KB"))
+    assert names[-1] == hf.INDEX_FILE and len(names) > 3
+    index = json.loads((many / hf.INDEX_FILE).read_text())
+    assert set(index["weight_map"]) == set(tensors)
+    assert index["metadata"]["total_size"] == sum(v.nbytes for v in tensors.values())
+    for directory in (one, many):
+        r = hf.Reader(directory)
+        assert {k: s for k, (s, _) in r.shapes().items()} == hf.expected_shapes(param_shapes(m))
+        assert all(np.array_equal(r.get(k), v) for k, v in tensors.items())
+    assert hf.parse_size("5GB") == 5 * 10**9 and hf.parse_size("2GiB") == 2 * 2**30 and hf.parse_size("1000") == 1000
+    with pytest.raises(hf.HFError, match="is not a size"):
+        hf.parse_size("lots")
+
+
+def test_bf16_is_rounded_and_widened_back(tmp_path):
+    x = np.array([[1.0, 1.00390625, 3.14159265, -2e-3]], np.float32)
+    b = hf.cast(x, "bf16")
+    assert b.dtype.name == "bfloat16"
+    hf.write_safetensors({"w": b}, tmp_path)
+    got = hf.Reader(tmp_path).get("w")
+    assert got.dtype == np.float32 and np.allclose(got, x, rtol=2**-8) and got[0, 0] == 1.0
+
+
+# --------------------------------------------------------------------------- model.init=hf:DIR refusals
+
+REFUSALS = [
+    ({"num_key_value_heads": 2}, r"num_key_value_heads=2 != num_attention_heads=4 \(grouped-query attention\)"),
+    ({"tie_word_embeddings": True}, r"tie_word_embeddings=true"),
+    ({"attention_bias": True}, r"attention_bias=true; scaleout's model has no biases"),
+    ({"mlp_bias": True}, r"mlp_bias=true"),
+    ({"hidden_act": "gelu"}, r"hidden_act='gelu'"),
+    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0}}, r"rope_type=llama3"),
+    ({"model_type": "mistral", "architectures": ["MistralForCausalLM"]}, r"not a Llama"),
+]
+
+
+@pytest.mark.parametrize("changes,message", REFUSALS, ids=[next(iter(c)) for c, _ in REFUSALS])
+def test_hf_init_refuses_what_the_model_does_not_have(tmp_path, scaleout, changes, message):
+    _write_hf(tmp_path / "m", _tiny(), cfg_changes=changes)
+    code, out, err = scaleout("run", "model.init=hf:m", "run.dir=runs")
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert err.startswith("scaleout: error: model.init='hf:m' cannot start this model: ") and err.count("\n") == 1, err
+    assert re.search(message, err), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"], "a refused config must not write anything"
+
+
+def test_hf_init_of_another_shape_names_the_overrides_that_fit(tmp_path, scaleout):
+    big = config.load(["model.d_model=128", "model.n_layers=3"]).model
+    _write_hf(tmp_path / "m", big)
+    code, _, err = scaleout("plan", "model.init=hf:m")
+    assert code == 2
+    assert "another shape than this config (model.d_model=64, model.n_layers=2); set model.d_model=128 model.n_layers=3" in err
+    code, out, _ = scaleout("plan", "model.init=hf:m", "model.d_model=128", "model.n_layers=3")
+    assert code == 0 and "hf:m" in out
+
+
+@pytest.mark.parametrize("how,message", [
+    ("weights_bias", r"its weights hold biases \(model\.layers\.0\.self_attn\.q_proj\.bias"),
+    ("no_lm_head", r"lack lm_head\.weight \(tied embeddings"),
+    ("wrong_shape", r"its weight model\.layers\.1\.mlp\.up_proj\.weight has shape \[64, 128\], not \[128, 64\]"),
+    ("no_weights", r"holds no model\.safetensors nor model\.safetensors\.index\.json"),
+    ("no_config", r"config\.json does not exist"),
+    ("not_a_dir", r"is not a directory"),
+    ("bad_prefix", r"choose one of: numpy, native, hf:DIR"),
+])
+def test_hf_init_checks_the_weights_too(tmp_path, how, message):
+    m = _tiny()
+    d = tmp_path / "m"
+    if how == "weights_bias":
+        _write_hf(d, m, add={"model.layers.0.self_attn.q_proj.bias": np.zeros(m.d_model, np.float32)})
+    elif how == "no_lm_head":
+        _write_hf(d, m, drop=("lm_head.weight",))
+    elif how == "wrong_shape":
+        _write_hf(d, m, add={"model.layers.1.mlp.up_proj.weight": np.zeros((m.d_model, m.d_ff), np.float32)})
+    elif how == "no_weights":
+        _write_hf(d, m)
+        (d / hf.SINGLE_FILE).unlink()
+        (d / "pytorch_model.bin").write_bytes(b"")
+    elif how == "no_config":
+        _write_hf(d, m)
+        (d / hf.CONFIG_JSON).unlink()
+    value = "hf" if how == "bad_prefix" else f"hf:{d}" if how != "not_a_dir" else f"hf:{tmp_path / 'nope'}"
+    with pytest.raises(ConfigError, match=message):
+        config.load([f"model.init={value}"])
+
+
+def test_hf_init_loads_the_weights_in_scaleout_layout(tmp_path):
+    m = _tiny()
+    params = _write_hf(tmp_path / "m", m, seed=11)
+    cfg = config.load([f"model.init=hf:{tmp_path / 'm'}"])
+    for name, spec in named_params(cfg.model):
+        np.testing.assert_array_equal(init_param(cfg.model, 0, name, spec), params[name])
+
+
+def test_a_cell_records_the_hf_directory_absolute(tmp_path, monkeypatch):
+    """The trainers may run in another directory (SLURM, TPU): a cell's config holds an absolute path."""
+    _write_hf(tmp_path / "m", _tiny())
+    monkeypatch.chdir(tmp_path)
+    cell = rundir.cell_config(config.load(["model.init=hf:m", f"run.dir={tmp_path}/runs"]), "jax-d1")
+    assert cell.model.init == f"hf:{tmp_path / 'm'}"
+
+
+def test_a_transformers_llama_starts_scaleout_with_the_same_logits(tmp_path):
+    """A Llama saved by transformers itself (what a small public checkpoint looks like) is accepted,
+    and scaleout's model initialised from it computes the HF model's logits."""
+    transformers = _transformers()
+    import torch
+    from torchrun_fsdp.model import Transformer
+
+    torch.manual_seed(0)
+    c = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=32,
+                                 rms_norm_eps=1e-5, tie_word_embeddings=False)
+    model = transformers.LlamaForCausalLM(c).eval()
+    model.save_pretrained(tmp_path / "pub")
+    cfg = config.load([f"model.init=hf:{tmp_path / 'pub'}"])
+    m = cfg.model
+    ours = Transformer(m)
+    ours.load_state_dict({name: torch.from_numpy(init_param(m, 0, name, spec)) for name, spec in named_params(m)})
+    inputs, _ = Batches(cfg.data, m.vocab_size, m.seq_len).split(0, 0, 4)
+    with torch.no_grad():
+        diff = (ours(torch.from_numpy(inputs.astype(np.int64))) - _hf_logits(model, inputs)).abs().max().item()
+    assert diff < 1e-4, diff
+    gqa = transformers.LlamaConfig(**{**c.to_dict(), "num_key_value_heads": 2})
+    transformers.LlamaForCausalLM(gqa).save_pretrained(tmp_path / "gqa")
+    with pytest.raises(ConfigError, match="grouped-query attention"):
+        config.load([f"model.init=hf:{tmp_path / 'gqa'}"])
+
+
+# --------------------------------------------------------------------------- export refusals (no training)
+
+def _fake_cell(tmp_path, framework, entries):
+    """A cell directory whose checkpoint directory holds only `entries` (names of step directories)."""
+    cfg = config.load([f"framework={framework}", f"run.dir={tmp_path}/runs", f"checkpoint.dir={tmp_path}/ck"])
+    cell_cfg = rundir.cell_config(cfg, f"{framework}-d1")
+    cell = rundir.write_cell(cell_cfg, f"{framework}-d1")
+    for name in entries:
+        (tmp_path / "ck" / "tiny" / f"{framework}-d1" / name).mkdir(parents=True)
+    return cell
+
+
+@pytest.mark.parametrize("framework,entries,args,message", [
+    ("torch", [], [], r"holds no complete checkpoint; train the cell"),
+    ("torch", [".tmp-step_5"], [], r"holds no complete checkpoint \(only incomplete saves: \.tmp-step_5\)"),
+    ("torch", ["step_5"], ["--step", "5"], r"step 5 in .* is incomplete \(the save was interrupted\); complete steps: none"),
+    ("jax", ["7.orbax-checkpoint-tmp-1700000000"], [], r"only incomplete saves: 7\.orbax-checkpoint-tmp"),
+    ("jax", [], ["--step", "3"], r"holds no complete checkpoint|step 3 .* does not exist"),
+])
+def test_export_refuses_a_cell_without_a_complete_checkpoint(tmp_path, scaleout, framework, entries, args, message):
+    cell = _fake_cell(tmp_path, framework, entries)
+    code, out, err = scaleout("export", str(cell), str(tmp_path / "out"), *args)
+    assert code == 2 and out == "" and "Traceback" not in err, err
+    assert re.search(message, err) and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.export-*"))
+
+
+def test_export_refuses_a_non_empty_out_dir_and_a_path_that_is_not_a_cell(tmp_path, scaleout):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    code, _, err = scaleout("export", str(tmp_path), str(out))
+    assert code == 2 and "exists and is not empty; give a new directory, or --force" in err
+    assert (out / "notes.txt").read_text() == "mine"
+    code, _, err = scaleout("export", str(tmp_path / "nothing"), str(tmp_path / "o2"))
+    assert code == 2 and "does not exist" in err
+    (tmp_path / "empty").mkdir()
+    code, _, err = scaleout("export", str(tmp_path / "empty"), str(tmp_path / "o2"))
+    assert code == 2 and "is neither a cell directory" in err
+    code, _, err = scaleout("export", str(tmp_path / "empty"), str(tmp_path / "o2"), "--max-shard-size", "big")
+    assert code == 2 and "--max-shard-size='big' is not a size" in err
+
+
+def test_tokenizer_next_to_the_token_file_is_found(tmp_path):
+    data = tmp_path / "tokens.bin"
+    np.arange(1000, dtype=np.uint16).tofile(data)
+    cfg = config.load(["data.source=file", f"data.path={data}"])
+    assert export.tokenizer_for(cfg) is None
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert export.tokenizer_for(cfg) == tmp_path / "tokenizer.json"
+    assert export.tokenizer_for(config.load()) is None
+
+
+# --------------------------------------------------------------------------- the round trip (trains)
+
+def _own_logits(framework, cell, step, inputs):
+    """scaleout's own model on the checkpoint, read without launch.export (an independent reader)."""
+    cfg = config.load_resolved(cell / "config.yaml")
+    m = cfg.model
+    if framework == "jax":
+        import jax.numpy as jnp
+        from flax import nnx
+        import jax
+        from jaxrun.checkpoint import load_params_numpy
+        from jaxrun.mesh import path_name
+        from jaxrun.model import Transformer as JaxTransformer
+
+        stacked = load_params_numpy(cfg.checkpoint.dir, step)
+        graphdef, abstract = nnx.split(nnx.eval_shape(lambda: JaxTransformer(m, nnx.Rngs(0))))
+        state = jax.tree.map_with_path(lambda p, _: jnp.asarray(stacked[path_name(p)]), abstract)
+        return np.asarray(nnx.merge(graphdef, state)(jnp.asarray(inputs), m))
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from torchrun_fsdp.model import Transformer
+
+    dcp_to_torch_save(f"{cfg.checkpoint.dir}/step_{step}", cell.parent / "full.pt")
+    full = torch.load(cell.parent / "full.pt", weights_only=False)["model"]
+    model = Transformer(m)
+    model.load_state_dict(full)
+    with torch.no_grad():
+        return model(torch.from_numpy(inputs.astype(np.int64))).numpy()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework,other", [("jax", "torch"), ("torch", "jax")])
+def test_export_loads_in_transformers_and_starts_the_other_framework(tmp_path, scaleout, framework, other):
+    transformers = _transformers()
+    _, recs = run_cell(tmp_path, f"framework={framework}", "devices=2", "train.steps=4", "checkpoint.every=3",
+                       "checkpoint.keep=2", "checkpoint.async=false", "run.name=exp")
+    trained = losses(recs)
+    assert sorted(trained) == [1, 2, 3, 4]
+    cell = tmp_path / "runs" / "exp" / f"{framework}-d2"
+    cfg = config.load_resolved(cell / "config.yaml")
+    m = cfg.model
+    batches = Batches(cfg.data, m.vocab_size, m.seq_len)
+
+    out = tmp_path / "hf"
+    code, stdout, err = scaleout("export", str(cell), str(out), "--step", "3", "--max-shard-size", "200KB")
+    assert code == 0, err
+    assert f"exported step 3 of {cfg.checkpoint.dir}" in stdout
+    index = json.loads((out / hf.INDEX_FILE).read_text())
+    assert len(set(index["weight_map"].values())) >= 2  # sharded files with an index
+    model = transformers.LlamaForCausalLM.from_pretrained(out).eval()
+    assert model.dtype.__repr__() == "torch.float32"
+
+    fixed = (np.arange(2 * m.seq_len).reshape(2, m.seq_len) * 37 + 5) % m.vocab_size
+    diff = np.abs(_hf_logits(model, fixed).numpy() - _own_logits(framework, cell, 3, fixed)).max()
+    assert diff < 1e-4, diff
+
+    # the exporting run's step-4 record: the step-3 weights on data step 3
+    inputs, targets = batches.split(3, 0, cfg.train.global_batch)
+    assert _cross_entropy(_hf_logits(model, inputs), targets) == pytest.approx(trained[4], abs=1e-5)
+
+    # a cell of the other framework starting from the export: its first loss is those weights on data step 0
+    _, imported = run_cell(tmp_path, f"framework={other}", "devices=2", "train.steps=1", "checkpoint.async=false",
+                           "run.name=imp", f"model.init=hf:{out}")
+    inputs0, targets0 = batches.split(0, 0, cfg.train.global_batch)
+    assert losses(imported)[1] == pytest.approx(_cross_entropy(_hf_logits(model, inputs0), targets0), abs=1e-5)
+
+    # the latest step by default, in bf16, replacing the earlier export's files but not the user's
+    (out / "README.md").write_text("notes")
+    code, stdout, err = scaleout("export", str(cell), str(out), "--dtype", "bf16")
+    assert code == 2 and "is not empty" in err
+    code, stdout, err = scaleout("export", str(cell), str(out), "--dtype", "bf16", "--force")
+    assert code == 0 and "exported step 4" in stdout, err
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert transformers.LlamaForCausalLM.from_pretrained(out).dtype.__repr__() == "torch.bfloat16"
+
+    # a damaged checkpoint is one sentence, exit 2 (a copy: the checkpoint directory form of the source)
+    copy = tmp_path / "copy" / cell.name
+    shutil.copytree(cfg.checkpoint.dir, copy)
+    if framework == "torch":
+        (copy / "step_4" / "__0_0.distcp").write_bytes(b"not a checkpoint")
+        step_dir = copy / "step_4"
+    else:
+        for f in (copy / "4" / "state").rglob("*"):
+            if f.is_file() and f.parent.name == "d":
+                f.write_bytes(b"garbage")
+        step_dir = copy / "4"
+    code, stdout, err = scaleout("export", str(step_dir), str(tmp_path / "bad"))
+    assert code == 2 and "cannot read the checkpoint" in err and "damaged or partial" in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "bad").exists()
+    code, stdout, err = scaleout("export", str(copy), str(tmp_path / "ok"), "--step", "3")
+    assert code == 0, err
