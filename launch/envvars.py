@@ -19,6 +19,9 @@ PROCESS_ID = "SCALEOUT_PROCESS_ID"
 FAULT = "SCALEOUT_FAULT"
 # Log verbosity the launcher passes down: a logging level name (INFO, DEBUG, WARNING).
 LOG_LEVEL = "SCALEOUT_LOG_LEVEL"
+# Prefix of the paths the TPU chip-freeing command touches (/dev/accel*, /tmp/libtpu_lockfile): empty on a
+# real TPU VM; the gcloud emulation points it at each worker's sandbox.
+TPU_SYSROOT = "SCALEOUT_TPU_SYSROOT"
 # The launcher's PID: a trainer whose launcher is gone stops (no orphans).
 PARENT_PID = "SCALEOUT_PARENT_PID"
 

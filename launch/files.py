@@ -12,6 +12,7 @@ only names the files, so that a trainer, a target and the report never spell a n
     <cell>/REQUEUES_FILE      how often SLURM requeued the cell
     <cell>/LOCK_FILE          held by the launcher that runs the cell
     <checkpoint dir>/OWNER_FILE  which run a cell's checkpoints belong to
+    <cell>/TPU_JOB_FILE       the cell's TPU slice and detached job (target=tpu)
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ REQUEUES_FILE = "requeues"
 LOCK_FILE = ".lock"
 OWNER_FILE = "scaleout-run.json"
 TENSORBOARD_DIR = "tensorboard"
+TPU_JOB_FILE = "tpu-job.json"
 
 
 def atomic_write(path: Union[str, Path], data: Union[str, bytes]) -> Path:
@@ -40,6 +42,7 @@ def atomic_write(path: Union[str, Path], data: Union[str, bytes]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; the file gets the permissions open() would give it
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
@@ -49,6 +52,12 @@ def atomic_write(path: Union[str, Path], data: Union[str, bytes]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_json(path: Union[str, Path], obj: Any) -> Path:

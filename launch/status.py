@@ -2,12 +2,13 @@
 
 A cell's state combines what the trainer wrote (its metrics summary and last step record) with
 what its target knows about the cell's job (`Target.jobs`: SLURM's queue and accounting, or what
-the job left behind). Local and TPU cells run in the foreground and have no job: their state is
-their metrics.
+the job left behind; a TPU cell's detached trainers on its slice). Local cells run in the
+foreground and have no job: their state is their metrics.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from omegaconf import OmegaConf
 
 from launch import files
 from launch.targets import JobInfo, get as get_target
+
+ERROR_LINE = re.compile(r"\[scaleout\] error \(((?:process|rank|worker) \d+)\): .*")
 
 
 @dataclass
@@ -105,10 +108,32 @@ def state_of(cell_dir: Path, job: Optional[JobInfo]) -> CellState:
     return st
 
 
+def trainer_errors(run_dir: Path, cell: str) -> List[str]:
+    """Every trainer process's own error line from the cell's logs, one per process, in process order:
+    the process that failed first and the peers that failed because of it are all named."""
+    found: Dict[str, str] = {}
+    for path in log_files(run_dir, cell):
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            m = ERROR_LINE.search(line)
+            if m:
+                found[m.group(1)] = m.group(0)
+    return [found[k] for k in sorted(found, key=lambda who: (who.split()[0], int(who.split()[-1]) if who.split()[-1].isdigit() else 0))]
+
+
 def cell_states(run_dir: Path) -> List[CellState]:
     run_dir = Path(run_dir)
     jobs = _jobs(run_dir)
-    return [state_of(d, jobs.get(d.name)) for d in cell_dirs(run_dir)]
+    states = [state_of(d, jobs.get(d.name)) for d in cell_dirs(run_dir)]
+    for st in states:
+        if st.status == "failed":
+            own = trainer_errors(run_dir, st.cell)
+            if len(own) > 1 or (own and not st.error):
+                st.error = own  # several processes failed: say what each said, not only process 0's view
+    return states
 
 
 def format_state(s: CellState) -> str:

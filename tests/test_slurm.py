@@ -226,3 +226,83 @@ def test_partition_time_and_node_limits(monkeypatch):
         slurm.check_partition_limits(config.load(["target=slurm", "slurm.partition=p", "slurm.time_min=10", "devices=4",
                                                   "slurm.devices_per_node=2"]))
     slurm.check_partition_limits(config.load(["target=slurm", "slurm.partition=p", "slurm.time_min=30"]))
+
+
+def _submit(tmp_path, name, *extra, env=None):
+    p = run_cli(["sweep", *_args(tmp_path, f"run.name={name}", *extra)], cwd=tmp_path, env=env)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    return tmp_path / "runs" / name, json.loads((tmp_path / "runs" / name / "jobs.json").read_text())["cells"]
+
+
+def _cancel_all(run):
+    ids = [j["job_id"] for j in json.loads((run / "jobs.json").read_text())["cells"].values()]
+    subprocess.run(["scancel", *ids], capture_output=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and slurm_queue.squeue_states(ids):
+        time.sleep(1)
+
+
+@pytest.mark.slow
+def test_live_status_and_cancel_one_cell(cluster, tmp_path):
+    """`status` while jobs run, `cancel` of one cell leaves the other running, a second cancel says it had ended
+    (issue 19 uncovered 3, issue 13.12: CANCELLED rather than UNKNOWN)."""
+    run, jobs = _submit(tmp_path, "live", "sweep.devices=[1]", "train.steps=50", env={"SCALEOUT_FAULT": "hang@3"})
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            states, _ = _status(tmp_path, "live")
+            if all(" running " in line and "step 2/50" in line for line in states.values()):
+                break
+            time.sleep(1)
+        assert all(" running " in line and "RUNNING" in line for line in states.values()), states
+        p = run_cli(["cancel", str(run), "jax-d1"], cwd=tmp_path)
+        assert p.returncode == 0 and p.stdout.strip() == f"jax-d1: cancelled job {jobs['jax-d1']['job_id']}", p.stdout
+        deadline = time.time() + 120
+        while time.time() < deadline and slurm_queue.squeue_states([jobs["jax-d1"]["job_id"]]):
+            time.sleep(1)
+        states, _ = _status(tmp_path, "live")
+        assert "CANCELLED" in states["jax-d1"] and " cancelled " in states["jax-d1"], states
+        assert " running " in states["torch-d1"], states
+        p = run_cli(["cancel", str(run), "jax-d1"], cwd=tmp_path)
+        assert p.stdout.strip() == f"jax-d1: job {jobs['jax-d1']['job_id']} had already ended (CANCELLED)", p.stdout
+    finally:
+        _cancel_all(run)
+
+
+@pytest.mark.slow
+def test_requeues_exhausted_is_timed_out_with_the_checkpoint_kept(cluster, tmp_path):
+    """A real time limit with slurm.max_requeues=0: SLURM signals USR2 slurm.signal_delay_s before the limit, the
+    trainer (held before step 3 until then) finishes that step, saves and stops, submitit does not requeue: status "timed out", the checkpoint
+    kept (issue 19 uncovered 4)."""
+    run, jobs = _submit(tmp_path, "tmo", "sweep.devices=[1]", "sweep.frameworks=[jax]", "train.steps=50",
+                        "slurm.time_min=1", "slurm.signal_delay_s=10", "slurm.max_requeues=0", "checkpoint.async=false",
+                        env={"SCALEOUT_FAULT": "hold@3"})
+    job_id = jobs["jax-d1"]["job_id"]
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and slurm_queue.squeue_states([job_id]):
+            time.sleep(1)
+        states, text = _status(tmp_path, "tmo")
+        assert " timed out " in states["jax-d1"] and "step 3/50" in states["jax-d1"], text  # held before 3, ran it, stopped
+        assert "the checkpoint at step 3 is kept" in text
+        assert (tmp_path / "ckpt" / "tmo" / "jax-d1" / "3").is_dir()
+        s = [json.loads(l) for l in (run / "jax-d1" / "metrics.jsonl").read_text().splitlines()][-1]
+        assert s["kind"] == "summary" and s["status"] == "stopped" and s["stopped_by"] == "SIGUSR2"
+    finally:
+        _cancel_all(run)
+
+
+@pytest.mark.slow
+def test_one_failing_task_ends_the_whole_job(cluster, tmp_path):
+    """Task 1 crashes at step 3 of a 2-task cell: the job ends within a bound, status names the error, no
+    process is left (issue 19 uncovered 5; srun --kill-on-bad-exit)."""
+    t0 = time.time()
+    p = run_cli(["sweep", *_args(tmp_path, "run.name=ff", "sweep.devices=[2]", "train.steps=200", "slurm.wait=true")],
+                cwd=tmp_path, env={"SCALEOUT_FAULT": "crash@3:p1"}, timeout=600)
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    assert time.time() - t0 < 240
+    states, text = _status(tmp_path, "ff")
+    for cell in ("jax-d2", "torch-d2"):
+        assert " failed " in states[cell], text
+        assert "steps" not in states[cell].split("failed", 1)[1] or "step 200/200" not in states[cell]
+    assert "injected crash at step 3" in text

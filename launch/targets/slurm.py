@@ -115,8 +115,10 @@ def executor_params(cfg: Config) -> Dict[str, Any]:
         "nodes": nodes,
         "ntasks_per_node": per_node,
         "cpus_per_task": s.cpus_per_task,
-        # SLURM >= 22.05 no longer passes sbatch's --cpus-per-task on to srun: give it to the step too
-        "srun_args": [f"--cpus-per-task={s.cpus_per_task}"],
+        # SLURM >= 22.05 no longer passes sbatch's --cpus-per-task on to srun: give it to the step too.
+        # --kill-on-bad-exit: a task that fails ends the step, instead of its peers waiting in a collective
+        # for the job's time limit (srun's default unless the cluster sets KillOnBadExit).
+        "srun_args": [f"--cpus-per-task={s.cpus_per_task}", "--kill-on-bad-exit=1"],
         "setup": setup_lines(cfg),
         **gpu_request(cfg),
     }

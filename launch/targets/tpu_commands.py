@@ -39,7 +39,7 @@ REMOTE_RUN_DIR = "runs"  # run.dir on the workers, inside the unpacked code
 JOB_DIR = "job"  # <cell>/job/<job id>.{log,pid,exit} on every worker
 # The chip-freeing command acts on ${SCALEOUT_TPU_SYSROOT}/dev/accel*, /dev/vfio/* and /tmp/libtpu_lockfile:
 # unset on a TPU VM (the real paths); the gcloud emulation points it at each worker's sandbox.
-SYSROOT_ENV = "SCALEOUT_TPU_SYSROOT"
+SYSROOT_ENV = envvars.TPU_SYSROOT
 EXIT_MARK = "scaleout-exit:"  # last stderr line of a follow command: the trainer's exit status
 STATE_MARK = "scaleout-job:"  # one stdout line per worker of a probe command
 STOP_GRACE_S = 10  # SIGTERM, then SIGKILL after this long (a trainer stops after its current step)

@@ -5,21 +5,17 @@ to use with JAX per generation) and cloud.google.com/tpu/docs/regions-zones ("TP
 zones"). The zone table is a union of that page's editions; a zone it does not name is passed on
 to gcloud with no claim either way, a zone it names for other generations only is refused.
 
-Values the user leaves unset are derived from the generation: `tpu.runtime_version` from
-RUNTIME_VERSIONS, `tpu.zone` from the first zone of ZONES. Until the schema's defaults for those
-keys are null, a value equal to the schema default counts as unset (the schema's defaults are
-v5e values, which are wrong for every other generation).
+Values the user leaves unset (null) are derived from the generation: `tpu.runtime_version` from
+RUNTIME_VERSIONS, `tpu.zone` from the first zone of ZONES.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 import re
-from typing import Any
 
 from launch.config import ConfigError
-from launch.schema import Config, TpuConfig
+from launch.schema import Config
 
 TYPE_RE = re.compile(r"(v4|v5p|v5litepod|v6e)-(\d+)")
 
@@ -92,15 +88,9 @@ def slice_of(cfg: Config) -> Slice:
     return _slice_for(t.generation, cfg.devices)
 
 
-def _schema_default(key: str) -> Any:
-    f = {f.name: f for f in dataclasses.fields(TpuConfig)}[key]
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default
-
-
 def is_unset(cfg: Config, key: str) -> bool:
-    """True when tpu.<key> is null or still the schema's default (which is then a placeholder to derive)."""
-    value = getattr(cfg.tpu, key, None)
-    return value is None or value == _schema_default(key)
+    """True when tpu.<key> is null: derived from the generation (or the default setup)."""
+    return getattr(cfg.tpu, key, None) is None
 
 
 def runtime_version(cfg: Config) -> str:
