@@ -39,29 +39,22 @@ def setup_xla_flags(cfg) -> None:
 def setup_distributed() -> None:
     import jax
 
-    from launch import envvars
+    from launch import envvars, gpus
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # JAX's preemption service takes SIGTERM for itself; scaleout's own stop (launch.engine.Stopper, the
+    # loop's collective stop) handles it the same way in both frameworks
+    jax.config.update("jax_enable_preemption_service", False)
     if os.environ.get(envvars.COORDINATOR):
         jax.distributed.initialize(coordinator_address=os.environ[envvars.COORDINATOR],
                                    num_processes=int(os.environ[envvars.NUM_PROCESSES]),
                                    process_id=int(os.environ[envvars.PROCESS_ID]))
     elif os.environ.get(envvars.DISTRIBUTED) == "slurm" and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
-        jax.distributed.initialize(**slurm_local_device_ids())  # SLURM auto-detection
+        # SLURM auto-detection, with this task's local GPU: jax's own guess, [SLURM_LOCALID], is wrong when SLURM
+        # binds one GPU per task (local id 1 would ask for GPU 1 of a one-GPU view); None on a CPU node
+        jax.distributed.initialize(local_device_ids=gpus.jax_local_device_ids(os.environ))
     elif os.environ.get(envvars.DISTRIBUTED) == "tpu":
         jax.distributed.initialize()  # Cloud TPU auto-detection (worker 0 is the coordinator)
-
-
-def slurm_local_device_ids() -> dict:
-    """Under SLURM, one task per device: a task that sees several GPUs uses the one of its local id.
-
-    (When SLURM binds each task to its own GPU, the task sees one device and JAX needs no hint.)
-    """
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES") or os.environ.get("SLURM_STEP_GPUS") or ""
-    local_id = os.environ.get("SLURM_LOCALID")
-    if local_id is not None and len([g for g in visible.split(",") if g]) > 1:
-        return {"local_device_ids": [int(local_id)]}
-    return {}
 
 
 def setup_cache(cfg) -> None:
@@ -77,6 +70,10 @@ def build(cfg, cell_dir):
     """The framework's part of starting up: join the runtime, set the cache, build the engine."""
     setup_xla_flags(cfg)
     setup_distributed()
+    import jax
+
+    from launch import gpus
+    gpus.check_platform("jax", jax.default_backend(), os.environ)  # GPUs here but a CPU-only jaxlib: stop at once
     setup_cache(cfg)
     from jaxrun.train import JaxEngine
     return JaxEngine(cfg, cell_dir)

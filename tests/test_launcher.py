@@ -209,3 +209,21 @@ def test_trainer_killed_by_a_signal_exits_like_a_shell(tmp_path):
         os.kill(pid, signal.SIGKILL)
     assert p.wait(timeout=60) == 137
     assert "was killed by SIGKILL" in p.stderr.read()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework,extra", [("jax", ["local.processes=2"]), ("torch", [])])
+def test_sigterm_lets_multiprocess_trainers_save_and_stop(tmp_path, framework, extra):
+    """SIGTERM to the launcher: every trainer process (two JAX processes joined by jax.distributed, whose runtime
+    installs its own SIGTERM handler; two torch ranks) finishes its step, saves and writes a `stopped` summary."""
+    p = _launch(tmp_path, f"framework={framework}", "devices=2", *extra, "train.steps=40", "checkpoint.every=0",
+                "checkpoint.async=false", env={"SCALEOUT_FAULT": "hold@3"})
+    cell = tmp_path / "runs" / "r" / f"{framework}-d2"
+    wait_for(lambda: _steps(cell), what="steps")
+    time.sleep(1.0)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=90) == 143
+    recs = [json.loads(l) for l in (cell / "metrics.jsonl").read_text().splitlines()]
+    s = [r for r in recs if r["kind"] == "summary"][-1]
+    assert s["status"] == "stopped" and s["steps"] == 3 and s["stopped_by"] in ("SIGTERM", "peer"), s
+    assert any(r["kind"] == "checkpoint" and r["step"] == 3 for r in recs)

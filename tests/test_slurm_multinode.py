@@ -38,10 +38,9 @@ TWO_NODES = ["target=slurm", "slurm.partition=gpu", "slurm.gpus_per_node=0", "sl
              "devices=4", "slurm.cpus_per_task=1", "slurm.time_min=20"]
 QUEUE_WAIT_S = 600  # a job may queue behind other engineers' jobs on the same two nodes
 REQUEUE_WAIT_S = 900  # SLURM holds a requeued job ~30 s here before it starts again
-RACE_STEPS = 120  # the preemption test's cell: USR2 must reach it before its last step (see HOLD)
+RACE_STEPS = 20  # the preemption test's cell (the trainers hold before HOLD_AT until USR2 arrives)
 HOLD_AT = 5
 # Asks the trainers to wait before step HOLD_AT until a stop signal arrives, so the test cannot lose the race.
-# launch.loop.Fault has no `hold` kind yet and ignores unknown kinds, so today this is a no-op and the test races.
 HOLD = f"hold@{HOLD_AT}"
 
 
@@ -324,10 +323,8 @@ def test_sweep_of_jax_and_torch_on_two_nodes(gpu_partition, tmp_path):
 def test_preempted_two_node_cell_is_requeued_and_resumes(gpu_partition, tmp_path):
     """USR2 to a running 2-node cell (what SLURM sends before a preemption or the time limit, with
     `PreemptParameters=send_user_signal`): all 4 trainers stop at the same step and save, the job is requeued,
-    resumes from that step on both nodes and ends with the final loss of an uninterrupted run.
-
-    Until launch.loop.Fault has a `hold` kind (HOLD) this races the trainer: the signal must arrive before the last
-    step, so the cell has RACE_STEPS steps."""
+    resumes from that step on both nodes and ends with the final loss of an uninterrupted run. The trainers hold
+    before step HOLD_AT until the signal arrives (HOLD), so the test never races them."""
     steps = RACE_STEPS
     common = [f"train.steps={steps}", "checkpoint.every=0", "checkpoint.async=false", "train.log_every=1"]
     run = tmp_path / "runs" / "pre"
@@ -356,7 +353,7 @@ def test_preempted_two_node_cell_is_requeued_and_resumes(gpu_partition, tmp_path
     first, last = sums
     assert first["status"] == "stopped" and first["stopped_by"] in ("SIGUSR2", "peer") and first["processes"] == 4, first
     saved = first["steps"]
-    assert at_signal <= saved < steps, (at_signal, saved)
+    assert saved == HOLD_AT, (at_signal, saved)  # held before HOLD_AT, ran it, stopped
     assert last["status"] == "ok" and last["resumed_from_step"] == saved and last["steps"] == steps, last
     assert last["processes"] == 4
     assert min(losses(recs, since=saved)) == saved + 1
@@ -372,7 +369,6 @@ def test_preempted_two_node_cell_is_requeued_and_resumes(gpu_partition, tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="needs trainer wiring of launch.gpus.check_platform")
 def test_jax_on_cpu_with_gpus_fails_at_once(gpu_partition, tmp_path):
     """A JAX cell given (fake) GPUs by SLURM while its jaxlib is CPU-only: every task fails before the first step
     with the one sentence of launch.gpus.check_platform (issue 12.4), never a JAX-on-CPU run next to torch-on-GPU."""

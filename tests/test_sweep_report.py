@@ -3,10 +3,12 @@
 import csv
 import json
 
+import numpy as np
+
 import pytest
 import yaml
 
-from launch import config, report, rundir, sweep
+from launch import config, flops, report, rundir, sweep
 from launch.config import ConfigError
 
 from conftest import run_cli
@@ -127,6 +129,19 @@ def test_local_sweep_end_to_end(tmp_path):
     for name in ("jax-d1", "jax-d2", "torch-d1"):
         assert rows[name]["status"] == "ok" and rows[name]["tokens_per_s"] > 0 and rows[name]["steps"] == 6
     assert rows["jax-d2"]["global_batch"] == 8  # weak scaling
+    for name in ("jax-d1", "jax-d2", "torch-d1"):  # the summary's numbers follow from the formula and the step times
+        recs = [json.loads(l) for l in (run / name / "metrics.jsonl").read_text().splitlines()]
+        s = [r for r in recs if r["kind"] == "summary"][-1]
+        cfg = config.load_resolved(run / name / "config.yaml")
+        tokens_per_step = cfg.train.global_batch * cfg.model.seq_len
+        assert s["flops_per_token"] == flops.flops_per_token(cfg.model)
+        assert s["tokens_per_s"] == pytest.approx(tokens_per_step / s["step_time_mean_s"], rel=1e-9)
+        assert s["tokens_per_s_per_device"] == pytest.approx(s["tokens_per_s"] / cfg.devices, rel=1e-9)
+        assert s["mfu"] == pytest.approx(s["tokens_per_s_per_device"] * s["flops_per_token"] / s["peak_flops_per_device"], rel=1e-9)
+        assert 1e8 < s["peak_flops_per_device"] * cfg.devices < 1e13  # a CPU matmul peak measured in this run
+        steps = [r for r in recs if r["kind"] == "step"]
+        assert s["step_time_p50_s"] == pytest.approx(np.median([r["step_time_s"] for r in steps[cfg.train.warmup_exclude:]]), rel=1e-9)
+        assert 0 < s["loop_tokens_per_s"] <= s["tokens_per_s"] * 1.5
     assert set(doc["derived"]["efficiency"]) == {"jax", "torch"}
     assert "1" in doc["derived"]["jax_over_torch"] and "1" in doc["derived"]["break_even"]
     assert doc["derived"]["loss_gap"]["1"]["max_rel_diff"] < 1e-3
@@ -174,3 +189,29 @@ def test_tensorboard_events_mirror_the_metrics(tmp_path):
     assert set(events) == set(want)
     for k in want:
         assert events[k] == pytest.approx(want[k], rel=1e-6)
+
+
+def test_status_and_report_say_only_what_the_files_support(tmp_path):
+    """Lost or damaged metrics (issue 13.11, 13.7): an empty metrics file whose log says it finished, a torn summary,
+    a `null` line and a step record without a step: no traceback, and the words say what is known."""
+    run = tmp_path / "run"
+    _cell(run, "jax-d1", "jax", 1, _s(1000, 1, 40.0, 0.5), losses=[5.0, 4.0])
+    _cell(run, "torch-d1", "torch", 1, None)
+    (run / "torch-d1" / "metrics.jsonl").write_text("")
+    (run / "torch-d1" / "logs").mkdir()
+    (run / "torch-d1" / "logs" / "torchrun.log").write_text("[scaleout] step 4/4 loss 4.1\n[scaleout] ok: 4 steps, final loss 4.1\n")
+    _cell(run, "jax-d2", "jax", 2, None, losses=[5.0, 4.5, 4.2])
+    with open(run / "jax-d2" / "metrics.jsonl", "a") as f:
+        f.write('null\n{"kind": "step", "loss": 1.0}\n{"kind": "summary", "status": "o')  # torn summary
+    p = run_cli(["status", str(run)], cwd=tmp_path)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    lines = {l.split()[0]: l for l in p.stdout.splitlines() if not l.startswith(" ")}
+    assert " ok " in lines["jax-d1"] and "step 2/20" in lines["jax-d1"] and "loss 4.0000" in lines["jax-d1"]
+    assert " unknown " in lines["jax-d2"] and "step 3/20" in lines["jax-d2"]
+    assert "metrics lost or incomplete: the last step record is step 3" in p.stdout
+    out = report.write(run)
+    rows = {r["cell"]: r for r in json.loads(out["json"].read_text())["cells"]}
+    assert rows["torch-d1"]["status"] == "incomplete"
+    assert rows["torch-d1"]["error"] == "metrics lost or incomplete; the log says it finished at step 4"
+    assert rows["jax-d2"]["status"] == "incomplete" and "step 3" in rows["jax-d2"]["error"]
+    assert rows["jax-d1"]["status"] == "ok" and rows["jax-d1"]["error"] is None

@@ -69,21 +69,28 @@ def _pump(proc: subprocess.Popen, prefix: str, log_path: Path, tail: Deque[str],
                 sys.stdout.flush()
 
 
-def stop(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
-    """SIGTERM the process's group, SIGKILL it if it has not ended after `grace_s`."""
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=grace_s)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    try:  # members of the group that outlived its leader (torchrun's workers)
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def stop_all(procs: List[subprocess.Popen], grace_s: float = GRACE_S) -> None:
+    """SIGTERM every process's group at once (peers must all hear it: a trainer that stops alone waits in a
+    collective for the others), SIGKILL what is left after `grace_s`."""
+    for proc in procs:
+        if proc.poll() is None:
+            _signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for proc in procs:
+        _signal_group(proc, signal.SIGKILL)  # also members of a group that outlived its leader (torchrun's workers)
+        proc.wait()
 
 
 def run_group(specs: List[Spec], log_dir: Path, echo: bool = True,
@@ -115,8 +122,7 @@ def run_group(specs: List[Spec], log_dir: Path, echo: bool = True,
                 return Result(0)
             time.sleep(0.1)
     finally:
-        for _, proc, _, _ in running:
-            stop(proc)
+        stop_all([proc for _, proc, _, _ in running])
         for _, _, t, _ in running:
             t.join(timeout=5)
 
