@@ -1,20 +1,30 @@
 """The Llama-style decoder in Flax NNX, layers stacked on a leading axis and scanned.
 
 token embedding -> n_layers x [RMSNorm -> causal attention with RoPE -> residual,
-RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> lm head. No biases. Weights are fp32
+RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> lm head. No biases.
+
+`model.attention=document`: the call also takes `segment_ids` and `positions` (batch, seq) from
+`launch.data.DocBatch`; RoPE uses the per-document positions and attention gets the boolean
+mask segment_q == segment_k on top of `is_causal`, through `jax.nn.dot_product_attention` (XLA's
+implementation on CPU and TPU; on GPU the same call, cuDNN's fused kernel where it takes the
+mask). On TPU the kernel that skips the masked blocks instead of computing and discarding them is
+splash attention (`jax.experimental.pallas.ops.tpu.splash_attention`, `SegmentIds(q, kv)` with a
+`CausalMask`): scaleout does not call it yet, so a TPU run computes every block of the dense mask.
+`model.norm_impl=custom` uses `jaxrun.ops.rms_norm_custom` (a `jax.custom_vjp`). Weights are fp32
 (the master copy); `model.dtype=bf16` casts them to bf16 for the matmuls. Parameter names
 and (in, out) layouts follow `launch.params`, with per-block entries stacked on axis 0.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from launch.schema import ModelConfig
+from jaxrun.ops import rms_norm_custom
 
 DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
 REMAT_POLICIES = {
@@ -69,11 +79,15 @@ class Transformer(nnx.Module):
         self.output = nnx.Param(_normal(rngs, (m.d_model, m.vocab_size), m.init_std))
 
     def __call__(self, tokens: jax.Array, m: ModelConfig,
-                 constrain: Callable[[jax.Array], jax.Array] = lambda x: x) -> jax.Array:
-        """tokens (batch, seq) int32 -> logits (batch, seq, vocab) float32."""
+                 constrain: Callable[[jax.Array], jax.Array] = lambda x: x,
+                 segment_ids: Optional[jax.Array] = None, positions: Optional[jax.Array] = None) -> jax.Array:
+        """tokens (batch, seq) int32 -> logits (batch, seq, vocab) float32. With `segment_ids`
+        (batch, seq) a token attends only to earlier tokens of its own document; `positions`
+        (batch, seq) replace 0..seq-1 as RoPE positions."""
         dtype = DTYPES[m.dtype]
         x = constrain(jnp.take(self.tok_embeddings[...], tokens, axis=0).astype(dtype))
-        cos, sin = rope_tables(tokens.shape[1], m.d_model // m.n_heads, m.rope_theta)
+        cos, sin = rope_tables(tokens.shape[1], m.d_model // m.n_heads, m.rope_theta, positions)
+        mask = None if segment_ids is None else document_mask(segment_ids)
         lp = self.layers
         stacked = {
             "attention_norm": lp.attention_norm.weight[...], "ffn_norm": lp.ffn_norm.weight[...],
@@ -83,7 +97,7 @@ class Transformer(nnx.Module):
         }
 
         def block_fn(x, p):
-            return constrain(block(x, p, cos, sin, m)), None
+            return constrain(block(x, p, cos, sin, m, mask)), None
 
         if m.remat != "none":
             block_fn = jax.checkpoint(block_fn, policy=REMAT_POLICIES[m.remat])
@@ -92,7 +106,7 @@ class Transformer(nnx.Module):
         else:
             for i in range(m.n_layers):
                 x, _ = block_fn(x, jax.tree.map(lambda a: a[i], stacked))
-        x = rms_norm(x, self.norm.weight[...], m.norm_eps)
+        x = norm(x, self.norm.weight[...], m)
         return (x @ self.output[...].astype(dtype)).astype(jnp.float32)
 
 
@@ -102,10 +116,25 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return (y * weight).astype(x.dtype)
 
 
-def rope_tables(seq_len: int, head_dim: int, theta: float):
+def norm(x: jax.Array, weight: jax.Array, m: ModelConfig) -> jax.Array:
+    """RMSNorm by `model.norm_impl`: autodiff of `rms_norm`, or the hand-written backward."""
+    if m.norm_impl == "custom":
+        return rms_norm_custom(x, weight, m.norm_eps)
+    return rms_norm(x, weight, m.norm_eps)
+
+
+def document_mask(segment_ids: jax.Array) -> jax.Array:
+    """(batch, 1, seq, seq) bool: query i may see key j of the same document (causality is added
+    by `is_causal`)."""
+    return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None, :, :]
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float, positions: Optional[jax.Array] = None):
+    """cos, sin of shape (seq, head_dim), or (batch, seq, head_dim) for explicit `positions`."""
     inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-    freqs = jnp.outer(jnp.arange(seq_len, dtype=jnp.float32), inv_freq)
-    emb = jnp.concatenate([freqs, freqs], axis=-1)  # (seq, head_dim), the rotate-half layout
+    pos = jnp.arange(seq_len, dtype=jnp.float32) if positions is None else positions.astype(jnp.float32)
+    freqs = pos[..., None] * inv_freq
+    emb = jnp.concatenate([freqs, freqs], axis=-1)  # (..., seq, head_dim), the rotate-half layout
     return jnp.cos(emb), jnp.sin(emb)
 
 
@@ -113,23 +142,26 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     """x (batch, seq, heads, head_dim); rotate-half convention (as in Llama's HF port and torchtitan's real form)."""
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    if cos.ndim == 2:
+        c, s = cos[None, :, None, :], sin[None, :, None, :]
+    else:  # per-row positions
+        c, s = cos[:, :, None, :], sin[:, :, None, :]
     return (x.astype(jnp.float32) * c + rotated.astype(jnp.float32) * s).astype(x.dtype)
 
 
-def block(x: jax.Array, p: dict, cos, sin, m: ModelConfig) -> jax.Array:
+def block(x: jax.Array, p: dict, cos, sin, m: ModelConfig, mask: Optional[jax.Array] = None) -> jax.Array:
     """One transformer block; `p` holds this layer's weights (no layer axis)."""
     dtype = x.dtype
     B, T, _ = x.shape
     H, hd = m.n_heads, m.d_model // m.n_heads
-    h = rms_norm(x, p["attention_norm"], m.norm_eps)
+    h = norm(x, p["attention_norm"], m)
     q = (h @ p["wq"].astype(dtype)).reshape(B, T, H, hd)
     k = (h @ p["wk"].astype(dtype)).reshape(B, T, H, hd)
     v = (h @ p["wv"].astype(dtype)).reshape(B, T, H, hd)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    a = jax.nn.dot_product_attention(q, k, v, is_causal=True).reshape(B, T, H * hd)
+    a = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True).reshape(B, T, H * hd)
     x = x + a @ p["wo"].astype(dtype)
-    h = rms_norm(x, p["ffn_norm"], m.norm_eps)
+    h = norm(x, p["ffn_norm"], m)
     g = jax.nn.silu(h @ p["w1"].astype(dtype)) * (h @ p["w3"].astype(dtype))
     return x + g @ p["w2"].astype(dtype)
 

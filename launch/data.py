@@ -9,12 +9,25 @@ Sources:
   probability 0.8, else uniform), so the loss has something to learn (from ln V towards ~1.5 nats).
 - file: a flat token file (uint16 or uint32, memory-mapped); each row is a window at a seeded
   random offset. `scaleout prepare-data TEXT OUT.bin` writes one from text, one token per byte.
+
+Packed documents (`model.attention=document`, `Batches.documents`): a row is a run of documents,
+each ending with the end-of-document token `eos_id` (which belongs to the document it ends). The
+synthetic source cuts its rows into documents of seeded geometric lengths (mean
+`data.mean_doc_len`, drawn from their own generator seeded with (seed, step, row, DOC_STREAM)) and
+writes `eos_id` at each document's last position (the chain never emits it elsewhere); the file
+source splits its windows on the `eos_id` tokens already in the file (the window's first document
+is usually the tail of one that began before it). `segment_ids` number the documents of a row
+from 0; `positions` restart at 0 in each document (`model.doc_positions=reset`, the default) or
+run 0..seq_len-1 (`global`). Nothing is padded: every target, including the one after an
+end-of-document token (the next document's first token, predicted from the finished document
+only), is counted by the loss.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -22,6 +35,57 @@ from launch.files import atomic_write
 from launch.schema import DataConfig
 
 FOLLOW_P = 0.8  # synthetic: probability that the next token follows the chain
+DOC_STREAM = 0xD0C  # synthetic documents: the extra seed word of the document-length generator
+
+
+@dataclass(frozen=True)
+class DocBatch:
+    """Rows of packed documents, each array (rows, seq_len): the model's inputs, the next-token
+    targets, the document index of every input position and its RoPE position."""
+
+    inputs: np.ndarray
+    targets: np.ndarray
+    segment_ids: np.ndarray
+    positions: np.ndarray
+
+
+def resolve_eos_id(data: DataConfig, vocab_size: int) -> int:
+    """The end-of-document token: `data.eos_id`; else, for a token file, the `eos_id` of its
+    tokenizer sidecar (`scaleout prepare-data`) when it has one; else the last id of the vocabulary."""
+    if data.eos_id is not None:
+        return int(data.eos_id)
+    if data.source == "file" and data.path:
+        try:
+            from launch.tokenize import read_sidecar
+        except ImportError:  # a tree without tokenizer sidecars
+            read_sidecar = None
+        meta = read_sidecar(data.path) if read_sidecar else None
+        if isinstance(meta, dict) and isinstance(meta.get("eos_id"), int):
+            return meta["eos_id"]
+    return vocab_size - 1
+
+
+def document_batch(batches: "Batches", cfg, step: int, start: int, stop: int) -> DocBatch:
+    """`Batches.documents` with the keys of a full config (data.eos_id, data.mean_doc_len, model.doc_positions)."""
+    return batches.documents(step, start, stop, resolve_eos_id(cfg.data, cfg.model.vocab_size),
+                             cfg.data.mean_doc_len, cfg.model.doc_positions)
+
+
+def segments_from_eos(rows: np.ndarray, eos_id: int) -> np.ndarray:
+    """Document index of every position: an end-of-document token belongs to the document it ends."""
+    is_eos = (rows == eos_id).astype(np.int32)
+    return np.concatenate([np.zeros_like(is_eos[:, :1]), np.cumsum(is_eos, axis=1)[:, :-1]], axis=1)
+
+
+def document_positions(segment_ids: np.ndarray) -> np.ndarray:
+    """Position of every token within its own document (0 at each document's first token)."""
+    T = segment_ids.shape[1]
+    idx = np.broadcast_to(np.arange(T, dtype=np.int32), segment_ids.shape)
+    new_doc = np.ones(segment_ids.shape, bool)
+    new_doc[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    starts = np.maximum.accumulate(np.where(new_doc, idx, 0), axis=1)
+    return (idx - starts).astype(np.int32)
+
 
 
 class Batches:
@@ -62,6 +126,27 @@ class Batches:
         """(inputs, targets), each (rows, seq_len)."""
         rows = self.rows(step, start, stop)
         return rows[:, :-1], rows[:, 1:]
+
+    def documents(self, step: int, start: int, stop: int, eos_id: int, mean_doc_len: int,
+                  positions: str = "reset") -> DocBatch:
+        """Rows [start, stop) at `step` as packed documents (see the module docstring); a pure
+        function of (seed, step, row) like `rows`."""
+        if not 0 <= eos_id < self.vocab:
+            raise ValueError(f"data.eos_id={eos_id} is outside model.vocab_size={self.vocab}; give a token id below it.")
+        rows = self.rows(step, start, stop)
+        if self.tokens is None:
+            rows[rows == eos_id] = (eos_id + 1) % self.vocab  # the chain never ends a document by itself
+            T = rows.shape[1]
+            for i, r in enumerate(range(start, stop)):
+                g = np.random.default_rng([self.cfg.seed, step, r, DOC_STREAM])
+                lengths = g.geometric(1.0 / max(1, mean_doc_len), size=T)
+                ends = np.cumsum(lengths) - 1
+                rows[i, ends[ends < T]] = eos_id
+        seg = segments_from_eos(rows[:, :-1], eos_id)
+        pos = document_positions(seg) if positions == "reset" else np.broadcast_to(
+            np.arange(seg.shape[1], dtype=np.int32), seg.shape).copy()
+        return DocBatch(rows[:, :-1], rows[:, 1:], seg, pos)
+
 
 
 def prepare_bytes(text_path: str, out_path: str, dtype: str = "uint16") -> int:
