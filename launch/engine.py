@@ -165,7 +165,7 @@ def die_with_launcher(stopper: Stopper, grace_s: float = LAUNCHER_GONE_GRACE_S) 
             if gone:
                 break
             time.sleep(WATCHDOG_POLL_S)
-        log.warning(f"the launcher (pid {gone[0]}) is gone: stopping after this step")
+        log.warning(f"pid {gone[0]}, which started this trainer, is gone: stopping after this step")
         stopper.request("launcher gone")
         time.sleep(grace_s)
         _exit_now(128 + signal.SIGTERM, f"the launcher is gone and training did not stop within {grace_s:.0f} s: exiting")
