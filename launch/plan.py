@@ -37,7 +37,7 @@ def weight_layouts(cfg: Config) -> List[Dict[str, Any]]:
             split = ["fsdp"] + [None] * (len(shape) - 1) if mesh["fsdp"] > 1 else [None] * len(shape)
             local = sharding.torch_local_shape(shape, mesh)
         count = cfg.model.n_layers if spec.per_layer and cfg.framework == "torch" else 1
-        rows.append({"name": spec.name if cfg.framework == "torch" else spec.name.replace(".{i}", ""),
+        rows.append({"name": spec.name if cfg.framework == "torch" else spec.stacked_name,
                      "shape": list(shape), "axes": list(axes), "split": split, "local_shape": list(local),
                      "copies": count})
     return rows

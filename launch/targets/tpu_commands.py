@@ -218,12 +218,14 @@ class Commands:
 
     def stop(self, job: str) -> List[str]:
         """SIGTERM every worker's trainer session (it stops after the current step), SIGKILL what is
-        left after STOP_GRACE_S. Only the job's own process group is touched."""
-        pid = q(self.job_file(job, "pid"))
+        left after STOP_GRACE_S. Only the job's own process group is touched: nothing is signalled once the
+        job has recorded its exit, or when the recorded PID now belongs to another process (PIDs are reused)."""
+        pid, exit_ = q(self.job_file(job, "pid")), q(self.job_file(job, "exit"))
         script = "; ".join([
             f"cd {q(self.remote_dir)} 2>/dev/null || exit 0",
-            f"[ -s {pid} ] || exit 0",
+            f"[ -s {pid} ] && [ ! -f {exit_} ] || exit 0",
             f"p=$(cat {pid})",
+            f"grep -qaF -- {q(self.job_file(job, 'pid'))} /proc/$p/cmdline 2>/dev/null || exit 0",
             'kill -TERM -- "-$p" 2>/dev/null || exit 0',
             f'i=0; while kill -0 -- "-$p" 2>/dev/null && [ $i -lt {STOP_GRACE_S * 10} ]; do sleep 0.1; i=$((i+1)); done',
             'kill -KILL -- "-$p" 2>/dev/null; exit 0',
