@@ -60,3 +60,14 @@ def test_text_plan_lists_commands(scaleout):
     assert code == 0
     assert "--xla_force_host_platform_device_count=2" in out and "-m jaxrun --config" in out
     assert "params: 115,008 total" in out
+
+
+def test_datasheet_peaks_match_the_most_specific_name():
+    """H100 PCIe and the NVL parts are not the SXM figure; Blackwell is known (issue 12.7)."""
+    from launch.flops import datasheet_peak
+    assert datasheet_peak("NVIDIA H100 80GB HBM3") == 989e12
+    assert datasheet_peak("NVIDIA H100 PCIe") == 756e12
+    assert datasheet_peak("NVIDIA H100 NVL") == 835e12
+    assert datasheet_peak("NVIDIA H200 NVL") == 835e12 and datasheet_peak("NVIDIA H200") == 989e12
+    assert datasheet_peak("NVIDIA B200") == 2250e12 and datasheet_peak("NVIDIA GB200") == 2500e12
+    assert datasheet_peak("TPU v5 lite") == 197e12 and datasheet_peak("cpu") is None
