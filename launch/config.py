@@ -49,7 +49,8 @@ CHOICES: Dict[str, Tuple[str, ...]] = {
 # Keys whose values are free-form mappings (their own keys are not checked).
 FREE_MAPPINGS = tuple(k for k, (_, tp) in _LEAVES.items() if typing.get_origin(tp) is dict)
 # Keys that do not change the math of a run: a checkpoint may be resumed across them.
-NOT_MATH = ("train.stop_after", "train.log_every", "train.warmup_exclude")
+NOT_MATH = ("train.stop_after", "train.log_every", "train.warmup_exclude", "train.eval_every", "train.eval_batches",
+            "train.eval_batch_size")
 # One path component of safe characters (run.name, run.id); checked with re.fullmatch.
 SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
@@ -405,6 +406,9 @@ def validate(cfg: Config) -> None:
     dp = data * fsdp
     if t.global_batch % (dp * t.grad_accum):
         raise ConfigError(f"train.global_batch={t.global_batch} is not divisible by the data-parallel size {dp} (data*fsdp) times train.grad_accum={t.grad_accum}; use a multiple of {dp * t.grad_accum}.")
+    if t.eval_every and t.eval_batch_size % dp:
+        raise ConfigError(f"train.eval_batch_size={t.eval_batch_size} is not divisible by the data-parallel size {dp} "
+                          f"(data*fsdp); use a multiple of {dp} (the same for every device count of a sweep).")
     if cfg.local.processes > 1 and cfg.devices % cfg.local.processes:
         raise ConfigError(f"local.processes={cfg.local.processes} does not divide devices={cfg.devices}; each process must own the same number of devices.")
     if cfg.slurm.signal_delay_s >= cfg.slurm.time_min * 60:
@@ -414,6 +418,11 @@ def validate(cfg: Config) -> None:
             raise ConfigError("data.path is not set: data.source=file needs a token file (make one with `scaleout prepare-data TEXT OUT.bin`).")
         if "://" not in cfg.data.path and not Path(cfg.data.path).is_file():
             raise ConfigError(f"data.path={cfg.data.path!r} does not exist; give a token file written by `scaleout prepare-data`.")
+        if "://" not in cfg.data.path:
+            from launch.tokenize import file_problem  # the sidecar's vocabulary, dtype, length and largest token
+            problem = file_problem(cfg)
+            if problem:
+                raise ConfigError(problem)
     for key, values in cfg.sweep.extra.items():
         if key not in _LEAVES:
             raise ConfigError(f"sweep.extra key {key} is not a config key" + _did_you_mean(key, list(_LEAVES)))

@@ -35,6 +35,8 @@ from launch.files import atomic_write
 from launch.schema import DataConfig
 
 FOLLOW_P = 0.8  # synthetic: probability that the next token follows the chain
+EVAL_STREAM = 0xE7A1  # held-out batches: seeds (data seed, EVAL_STREAM, index, row, EVAL_STREAM): 5 words, the last
+# non-zero, so never equal to training's 3-word or the documents' 4-word seeds (numpy pads seeds shorter than 4 with 0s)
 DOC_STREAM = 0xD0C  # synthetic documents: the extra seed word of the document-length generator
 
 
@@ -87,7 +89,6 @@ def document_positions(segment_ids: np.ndarray) -> np.ndarray:
     return (idx - starts).astype(np.int32)
 
 
-
 class Batches:
     def __init__(self, data: DataConfig, vocab_size: int, seq_len: int):
         self.cfg, self.vocab, self.seq_len = data, vocab_size, seq_len
@@ -96,6 +97,8 @@ class Batches:
             self.tokens = np.memmap(data.path, dtype=np.dtype(data.dtype), mode="r")
             if len(self.tokens) < seq_len + 2:
                 raise ValueError(f"data.path={data.path!r} holds {len(self.tokens)} tokens; model.seq_len={seq_len} needs at least {seq_len + 2}.")
+            from launch.tokenize import split_bounds
+            self.val_start = split_bounds(data.path, data.dtype)[1]  # tokens from here on are held out (sidecar)
         else:
             self.perm = np.random.default_rng([data.seed, 0x5CA1E]).permutation(vocab_size).astype(np.int32)
 
@@ -103,7 +106,7 @@ class Batches:
         """Rows [start, stop) of the global batch at `step`: int32 tokens of shape (rows, seq_len + 1)."""
         out = np.empty((stop - start, self.seq_len + 1), np.int32)
         if self.tokens is not None:
-            hi = len(self.tokens) - self.seq_len - 1
+            hi = self.val_start - self.seq_len - 1  # a window ends before the held-out split
             for i, r in enumerate(range(start, stop)):
                 off = int(np.random.default_rng([self.cfg.seed, step, r]).integers(0, hi))
                 out[i] = self.tokens[off: off + self.seq_len + 1]
@@ -127,6 +130,37 @@ class Batches:
         rows = self.rows(step, start, stop)
         return rows[:, :-1], rows[:, 1:]
 
+    # ------------------------------------------------------------------ held-out batches (evaluation)
+    def eval_rows(self, index: int, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) of held-out batch `index`: a function of (data seed, index, row) only, so
+        every framework and device count sees the same ones. file: windows inside the held-out split
+        (the sidecar's val_start..end); synthetic: the same chain drawn from a seed stream disjoint
+        from training's (see EVAL_STREAM)."""
+        out = np.empty((stop - start, self.seq_len + 1), np.int32)
+        if self.tokens is not None:
+            lo, hi = self.val_start, len(self.tokens) - self.seq_len - 1
+            if hi <= lo:
+                raise ValueError(f"data.path={self.cfg.path!r} has {len(self.tokens) - self.val_start} held-out tokens; "
+                                 f"model.seq_len={self.seq_len} needs at least {self.seq_len + 2}.")
+            for i, r in enumerate(range(start, stop)):
+                off = int(np.random.default_rng([self.cfg.seed, EVAL_STREAM, index, r, EVAL_STREAM]).integers(lo, hi))
+                out[i] = self.tokens[off: off + self.seq_len + 1]
+            return out
+        T = self.seq_len + 1
+        for i, r in enumerate(range(start, stop)):
+            g = np.random.default_rng([self.cfg.seed, EVAL_STREAM, index, r, EVAL_STREAM])
+            noise = g.integers(0, self.vocab, T, dtype=np.int32)
+            follow = g.random(T) < FOLLOW_P
+            out[i, 0] = noise[0]
+            for t in range(1, T):
+                out[i, t] = self.perm[out[i, t - 1]] if follow[t] else noise[t]
+        return out
+
+    def eval_split(self, index: int, start: int, stop: int) -> Tuple[np.ndarray, np.ndarray]:
+        """(inputs, targets) of held-out batch `index`, rows [start, stop), each (rows, seq_len)."""
+        rows = self.eval_rows(index, start, stop)
+        return rows[:, :-1], rows[:, 1:]
+
     def documents(self, step: int, start: int, stop: int, eos_id: int, mean_doc_len: int,
                   positions: str = "reset") -> DocBatch:
         """Rows [start, stop) at `step` as packed documents (see the module docstring); a pure
@@ -146,7 +180,6 @@ class Batches:
         pos = document_positions(seg) if positions == "reset" else np.broadcast_to(
             np.arange(seg.shape[1], dtype=np.int32), seg.shape).copy()
         return DocBatch(rows[:, :-1], rows[:, 1:], seg, pos)
-
 
 
 def prepare_bytes(text_path: str, out_path: str, dtype: str = "uint16") -> int:
