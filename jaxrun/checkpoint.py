@@ -11,6 +11,7 @@ continue from it, is `launch.engine`'s rule.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 import orbax.checkpoint as ocp
@@ -38,10 +39,22 @@ class Checkpointer:
 
     def restore_latest(self) -> Tuple[Optional[Dict[str, Any]], int]:
         """The state `launch.engine.restore_latest` picks, restored onto the current mesh, and its
-        step; (None, 0) when the cell starts fresh."""
-        step, state = engine.restore_latest(self.cfg, lambda root: self._manager(root).latest_step(),
-                                            self._read_meta, self._load)
-        return state, step
+        step; (None, 0) when the cell starts fresh. Damaged newer steps of this cell's own directory
+        that it skipped are set aside (`<step>.corrupt`, by process 0) so keep-N and the next save of
+        those steps do not trip over them."""
+        got = engine.restore_latest(self.cfg, lambda root: sorted(self._manager(root).all_steps()),
+                                    self._read_meta, self._load,
+                                    describe=lambda f: f"step {f.step} ({f.root}/{f.step})")
+        if got.skipped and not got.load_from:
+            import jax
+            from jax.experimental import multihost_utils
+            if jax.process_index() == 0:
+                for step, _ in got.skipped:
+                    engine.set_aside(Path(got.root) / str(step))
+            if jax.process_count() > 1:
+                multihost_utils.sync_global_devices("scaleout-set-aside-damaged-checkpoints")
+            self.manager.reload()
+        return got.state, got.step
 
     def _read_meta(self, found: engine.Found) -> Dict[str, Any]:
         return self._manager(found.root).restore(found.step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]

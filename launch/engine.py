@@ -12,7 +12,8 @@ load its checkpoints); the rules live here:
   `threads_per_process`;
 - checkpoints: `checkpoint_metadata`, `find_checkpoint` (this cell's latest, else
   `checkpoint.load_from`'s latest, else none), `check_checkpoint` (same math, same run) and
-  `restore_latest` which chains them; `CheckpointMismatch`;
+  `restore_latest` which chains them, skipping damaged checkpoints for the previous one
+  (`set_aside` moves them out of keep-N's way); `CheckpointMismatch`, `CheckpointUnreadable`;
 - measurement plumbing: `bytes_per_device` (also used by `launch.plan`), `cpu_peak_per_device`
   (process 0 measures, everyone gets its number), `peak_memory_bytes` (device peak, else RSS).
 
@@ -35,7 +36,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 from launch import envvars
 
@@ -329,18 +330,87 @@ def check_checkpoint(meta: Dict[str, Any], cfg: "Config", found: Found) -> None:
             f"config (hash {meta.get('config_hash')}, this run {want}); use another run.name or remove that directory")
 
 
-def restore_latest(cfg: "Config", latest_step: Callable[[str], Optional[int]],
+class CheckpointUnreadable(RuntimeError):
+    """No checkpoint in the directory a cell continues from could be read (damaged files)."""
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What `restore_latest` found: the step continued from (0 = fresh), what `load` returned, and
+    the damaged checkpoints (newer than it) it skipped, as (step, reason)."""
+    step: int
+    state: Any
+    root: Optional[str] = None
+    load_from: bool = False
+    skipped: Tuple[Tuple[int, str], ...] = ()
+
+
+def _reason(e: BaseException) -> str:
+    """An exception as one short line (a TensorStore error is pages long: its first line says what)."""
+    first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+    if len(first) > 200:
+        first = first[:197] + "..."
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
+def restore_latest(cfg: "Config", steps: Callable[[str], Sequence[int]],
                    read_meta: Callable[[Found], Dict[str, Any]],
-                   load: Callable[[Found], Any]) -> Tuple[int, Any]:
-    """Find, check and load the checkpoint a cell continues from: (step, what `load` returned), or
-    (0, None) when there is none and the cell starts fresh."""
-    found = find_checkpoint(cfg, latest_step)
+                   load: Callable[[Found], Any], describe: Callable[[Found], str] = lambda f: f"step {f.step} in {f.root}",
+                   ) -> Restored:
+    """Find, check and load the checkpoint a cell continues from (`Restored.step` 0 and state None
+    when there is none and the cell starts fresh).
+
+    `steps(root)` lists the complete (committed) steps under `root`. The newest is tried first; one
+    whose metadata or state cannot be read (a truncated or deleted file) is skipped with a warning
+    naming it (`describe(found)`, its path) and the next older one is tried: a damaged latest
+    checkpoint must not block every rerun. The skipped ones are reported in `Restored.skipped` so the
+    framework can move them out of the way of keep-N and the next save (for inspection, not deleted).
+    A checkpoint of other math or another run (`check_checkpoint`) is refused, not skipped. When none
+    can be read, `CheckpointUnreadable` says so in one sentence naming the directory.
+    """
+    def latest(root: str) -> Optional[int]:
+        listed = list(steps(root))
+        return max(listed) if listed else None
+
+    found = find_checkpoint(cfg, latest)
     if found is None:
-        return 0, None
-    check_checkpoint(read_meta(found), cfg, found)
-    if found.load_from:
-        log.info(f"starting from step {found.step} of {found.root} (checkpoint.load_from)")
-    return found.step, load(found)
+        return Restored(0, None)
+    skipped = []
+    for step in sorted(steps(found.root), reverse=True):
+        candidate = Found(found.root, step, found.load_from)
+        try:
+            meta = read_meta(candidate)
+        except Exception as e:
+            meta, why = None, _reason(e)
+        if meta is not None:
+            check_checkpoint(meta, cfg, candidate)
+            try:
+                state = load(candidate)
+            except Exception as e:
+                why = _reason(e)
+            else:
+                if found.load_from:
+                    log.info(f"starting from step {step} of {found.root} (checkpoint.load_from)")
+                return Restored(step, state, found.root, found.load_from, tuple(skipped))
+        log.warning(f"checkpoint {describe(candidate)} is damaged and is skipped ({why}); "
+                    "trying the previous one")
+        skipped.append((step, why))
+    listed = "; ".join(f"step {s}: {why}" for s, why in skipped)
+    raise CheckpointUnreadable(f"no checkpoint in {found.root} can be read ({listed}); move the damaged step "
+                               f"directories out of {found.root} to start fresh")
+
+
+def set_aside(step_dir: Path) -> Path:
+    """Rename a damaged checkpoint directory to `<name>.corrupt` (`.corrupt-2`, ... if taken): kept for
+    inspection, but no longer a step that keep-N counts or that the next save of that step collides with."""
+    target = step_dir.with_name(step_dir.name + ".corrupt")
+    n = 2
+    while target.exists():
+        target = step_dir.with_name(f"{step_dir.name}.corrupt-{n}")
+        n += 1
+    os.replace(step_dir, target)
+    log.warning(f"damaged checkpoint {step_dir} kept for inspection as {target}")
+    return target
 
 
 # --------------------------------------------------------------------------- measurement plumbing

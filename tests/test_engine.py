@@ -77,11 +77,51 @@ def test_restore_latest_checks_before_it_loads():
     loaded = []
     read = lambda found: _meta(cfg, "a")  # noqa: E731
     with pytest.raises(engine.CheckpointMismatch):
-        engine.restore_latest(cfg, {"/ck/own": 3}.get, read, loaded.append)
+        engine.restore_latest(cfg, {"/ck/own": [3]}.get, read, loaded.append)
     assert loaded == []
-    step, state = engine.restore_latest(cfg, {"/ck/own": 3}.get, lambda f: _meta(cfg, "b"), lambda f: "state")
-    assert (step, state) == (3, "state")
-    assert engine.restore_latest(cfg, {"/ck/own": None}.get, read, loaded.append) == (0, None)
+    got = engine.restore_latest(cfg, {"/ck/own": [3]}.get, lambda f: _meta(cfg, "b"), lambda f: "state")
+    assert (got.step, got.state, got.skipped) == (3, "state", ())
+    got = engine.restore_latest(cfg, {"/ck/own": []}.get, read, loaded.append)
+    assert (got.step, got.state) == (0, None)
+
+
+def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(caplog):
+    """Protects against: a truncated/deleted file in the latest checkpoint blocking every rerun (issue 13.9)."""
+    cfg = _cfg("run.id=b")
+
+    def load(found):
+        if found.step == 8:
+            raise ValueError("TensorStore error: truncated\n" + "dump " * 500)
+        return f"state{found.step}"
+
+    def read(found):
+        if found.step == 6:
+            raise FileNotFoundError("meta.json")
+        return _meta(cfg, "b")
+
+    with caplog.at_level("WARNING"):
+        got = engine.restore_latest(cfg, {"/ck/own": [2, 4, 6, 8]}.get, read, load,
+                                    describe=lambda f: f"step {f.step} (/ck/own/{f.step})")
+    assert (got.step, got.state) == (4, "state4")
+    assert [s for s, _ in got.skipped] == [8, 6] and got.skipped[0][1] == "ValueError: TensorStore error: truncated"
+    assert "/ck/own/8" in caplog.text and "/ck/own/6" in caplog.text
+    # none readable: one sentence naming the directory, no dump
+    with pytest.raises(engine.CheckpointUnreadable) as e:
+        engine.restore_latest(cfg, {"/ck/own": [8]}.get, read, load)
+    msg = str(e.value)
+    assert "/ck/own" in msg and "step 8" in msg and "\n" not in msg and "dump" not in msg, msg
+    # other math is refused, not skipped
+    with pytest.raises(engine.CheckpointMismatch):
+        engine.restore_latest(cfg, {"/ck/own": [2]}.get, lambda f: _meta(cfg, "a"), load)
+
+
+def test_set_aside_keeps_the_damaged_step_under_a_name_no_step_listing_matches(tmp_path):
+    (tmp_path / "8").mkdir()
+    (tmp_path / "8" / "x").write_text("1")
+    assert engine.set_aside(tmp_path / "8") == tmp_path / "8.corrupt"
+    (tmp_path / "8").mkdir()
+    assert engine.set_aside(tmp_path / "8") == tmp_path / "8.corrupt-2"
+    assert (tmp_path / "8.corrupt" / "x").read_text() == "1" and not (tmp_path / "8").exists()
 
 
 # --------------------------------------------------------------------------- measurement plumbing

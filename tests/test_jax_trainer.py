@@ -284,3 +284,33 @@ def test_hung_trainer_dies_with_its_launcher(tmp_path):
         assert "training did not stop within" in (tmp_path / "trainer.log").read_text()
     finally:
         kill_all([launcher.pid, trainer])
+
+
+def test_damaged_latest_checkpoint_falls_back_then_fails_in_one_sentence(tmp_path):
+    """Protects against (issue 13.9): a truncated data file in the latest Orbax step blocking every rerun
+    with a TensorStore dump. The rerun continues from the previous step, names the damaged one, keeps it
+    as `<step>.corrupt` (not counted by keep-N, not in the next save's way); with every step damaged (a
+    deleted file) it fails in one sentence naming the directory."""
+    import os
+    from jaxrun_helpers import run_trainer, summary as last, write_cell
+    base = ["train.steps=12", "checkpoint.every=4", "checkpoint.keep=2"]
+    ckpt = tmp_path / "cell" / "checkpoints"
+    p, _ = run_trainer("jax", write_cell(tmp_path / "cell", *base, "train.stop_after=8"))
+    assert p.returncode == 0, p.stderr[-2000:]
+    data = [f for f in (ckpt / "8" / "state").rglob("*") if f.is_file() and f.parent.name == "d"]
+    big = max(data, key=lambda f: f.stat().st_size)
+    os.truncate(big, big.stat().st_size // 2)
+    p, recs = run_trainer("jax", write_cell(tmp_path / "cell", *base))
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = last(recs)
+    assert s["status"] == "ok" and s["resumed_from_step"] == 4 and s["steps"] == 12, s
+    assert f"checkpoint step 8 ({ckpt}/8) is damaged and is skipped" in p.stderr
+    assert (ckpt / "8.corrupt" / "state").is_dir() and f"{ckpt}/8.corrupt" in p.stderr  # kept for inspection
+    assert sorted(d.name for d in ckpt.iterdir()) == ["12", "8", "8.corrupt"]  # keep=2 over the real steps
+    for step in ("8", "12"):
+        next((ckpt / step / "state").glob("manifest.ocdbt")).unlink()
+    p, recs = run_trainer("jax", write_cell(tmp_path / "cell", *base))
+    assert p.returncode == 1
+    err = last(recs)["error"]
+    assert err.startswith(f"CheckpointUnreadable: no checkpoint in {ckpt} can be read (step 12: "), err
+    assert "\n" not in err and len(err) < 1000 and f"error (process 0): {err}" in p.stderr

@@ -191,3 +191,33 @@ def test_ranks_die_with_their_launcher_through_torchrun(tmp_path):
         assert (cfg.parent / "checkpoints" / f"step_{s['steps']}" / "COMMIT").is_file()
     finally:
         kill_all([launcher.pid, torchrun, *workers])
+
+
+def test_damaged_latest_checkpoint_falls_back_then_fails_in_one_sentence(tmp_path):
+    """Protects against (issue 13.9): a truncated shard file in the latest DCP step blocking every rerun
+    (torchrun boilerplate, no path). The rerun continues from the previous step, names the damaged one,
+    keeps it as `step_<N>.corrupt` (not counted by keep-N, not overwritten by the next save of that step);
+    with every step damaged (a deleted file) it fails in one sentence naming the directory."""
+    import os
+    from jaxrun_helpers import run_trainer, summary as last, write_cell
+    base = ["framework=torch", "train.steps=12", "checkpoint.every=4", "checkpoint.keep=2"]
+    ckpt = tmp_path / "cell" / "checkpoints"
+    p, _ = run_trainer("torch", write_cell(tmp_path / "cell", *base, "train.stop_after=8"))
+    assert p.returncode == 0, p.stderr[-2000:]
+    shard = next((ckpt / "step_8").glob("*.distcp"))
+    os.truncate(shard, shard.stat().st_size // 2)
+    p, recs = run_trainer("torch", write_cell(tmp_path / "cell", *base))
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = last(recs)
+    assert s["status"] == "ok" and s["resumed_from_step"] == 4 and s["steps"] == 12, s
+    assert f"checkpoint step 8 ({ckpt}/step_8) is damaged and is skipped" in p.stderr
+    assert f"{ckpt}/step_8.corrupt" in p.stderr
+    assert sorted(d.name for d in ckpt.iterdir()) == ["step_12", "step_8", "step_8.corrupt"]  # keep=2
+    assert (ckpt / "step_8.corrupt" / shard.name).stat().st_size < (ckpt / "step_8" / shard.name).stat().st_size
+    for step in ("step_8", "step_12"):
+        (ckpt / step / ".metadata").unlink()
+    p, recs = run_trainer("torch", write_cell(tmp_path / "cell", *base))
+    assert p.returncode == 1
+    err = last(recs)["error"]
+    assert err.startswith(f"CheckpointUnreadable: no checkpoint in {ckpt} can be read (step 12: "), err
+    assert "\n" not in err and len(err) < 1000 and f"error (rank 0): {err}" in p.stderr

@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from launch import engine
@@ -47,6 +48,12 @@ def complete_steps(root: Path, warn: bool = False) -> List[Tuple[int, Path]]:
         elif warn and (m or p.name.startswith(".tmp-step_")):
             log.warning(f"ignoring incomplete checkpoint {p} (no {COMMIT} marker: the save was interrupted)")
     return sorted(out)
+
+
+def _last_line(e: BaseException) -> str:
+    """What a DCP failure was (the last line of the ranks' tracebacks it carries), without the tracebacks."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return lines[-1] if lines else type(e).__name__
 
 
 class Checkpointer:
@@ -102,13 +109,20 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ load
     def restore_latest(self) -> int:
-        """Load the checkpoint `launch.engine.restore_latest` picks; the step it holds, 0 if none."""
-        step, _ = engine.restore_latest(self.cfg, self._latest_step, self._read_meta, self._load)
-        return step
+        """Load the checkpoint `launch.engine.restore_latest` picks; the step it holds, 0 if none.
+        Damaged newer steps of this cell's own directory that it skipped are set aside
+        (`step_<N>.corrupt`, by rank 0) so keep-N and the next save of those steps do not trip over them."""
+        got = engine.restore_latest(self.cfg, self._steps, self._read_meta, self._load,
+                                    describe=lambda f: f"step {f.step} ({Path(f.root) / f'step_{f.step}'})")
+        if got.skipped and not got.load_from:
+            if self.rank == 0:
+                for step, _ in got.skipped:
+                    engine.set_aside(Path(got.root) / f"step_{step}")
+            dist.barrier()
+        return got.step
 
-    def _latest_step(self, root: str) -> Optional[int]:
-        steps = complete_steps(Path(root), warn=self.rank == 0)
-        return steps[-1][0] if steps else None
+    def _steps(self, root: str) -> List[int]:
+        return [step for step, _ in complete_steps(Path(root), warn=self.rank == 0)]
 
     def _read_meta(self, found: engine.Found) -> Dict[str, Any]:
         return json.loads((Path(found.root) / f"step_{found.step}" / META).read_text())
@@ -116,7 +130,10 @@ class Checkpointer:
     def _load(self, found: engine.Found) -> None:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(Path(found.root) / f"step_{found.step}"))
+        try:
+            dcp.load(state, checkpoint_id=str(Path(found.root) / f"step_{found.step}"))
+        except CheckpointException as e:  # a BaseException holding every failing rank's traceback as text
+            raise RuntimeError(_last_line(e)) from e
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
     def close(self) -> None:
