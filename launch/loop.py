@@ -63,6 +63,7 @@ class Engine(Protocol):
     def compile(self) -> float: ...  # seconds spent compiling before the first step (0 if lazy)
     def restore(self) -> int: ...  # completed steps of the latest complete checkpoint, 0 if none
     def train_step(self, step: int, lr: float) -> tuple: ...  # (loss, grad_norm) as Python floats
+    def eval_loss(self, index: int) -> float: ...  # mean loss of held-out batch `index` (no gradient), all processes
     def save(self, step: int) -> None: ...  # start saving the state after `step` steps
     def finish(self) -> None: ...  # wait for in-flight saves
     def any_process(self, flag: bool) -> bool: ...  # True if any process passes True (a collective)
@@ -139,6 +140,7 @@ class StepTimer:
         self.starts: List[float] = []  # perf_counter at the start of every step taken
         self.time_to_first_step_s: Optional[float] = None
         self.loop_end: Optional[float] = None  # the last step's end, before the final save
+        self.pauses: List[tuple] = []  # (perf_counter at start, seconds) of evaluations: not part of the loop's rate
         self._t0 = 0.0
 
     def start(self) -> None:
@@ -148,8 +150,8 @@ class StepTimer:
     def stop(self) -> float:
         """The step that began at `start()` is done (its outputs synced): its duration."""
         now = time.perf_counter()
-        if self.time_to_first_step_s is None:
-            self.time_to_first_step_s = now - self.process_start
+        if self.time_to_first_step_s is None:  # evaluations before it (step 0) are not start-up cost
+            self.time_to_first_step_s = now - self.process_start - sum(s for _, s in self.pauses)
         return now - self._t0
 
     def keep(self, seconds: float) -> None:
@@ -163,7 +165,8 @@ class StepTimer:
         n = len(metrics.steady(self.durations, warmup_exclude))
         if not n or self.loop_end is None:
             return None
-        return tokens_per_step * n / (self.loop_end - self.starts[-n])
+        paused = sum(s for t0, s in self.pauses if t0 >= self.starts[-n])
+        return tokens_per_step * n / (self.loop_end - self.starts[-n] - paused)
 
 
 @dataclass
@@ -196,7 +199,7 @@ class SummaryBuilder:
             "status": "failed", "error": None, "flops_per_token": flops.flops_per_token(cfg.model),
             "params": count_params(cfg.model)["total"], "global_batch": t.global_batch,
             "seq_len": cfg.model.seq_len, "matmul_precision": cfg.model.matmul_precision,
-            "resumed_from_step": None, "steps": 0}
+            "resumed_from_step": None, "steps": 0, "final_eval_loss": None}
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.fields[key] = value
@@ -254,6 +257,22 @@ def timing_fields(timing: Timing, cfg: Config) -> Dict[str, Any]:
 
 # --------------------------------------------------------------------------- the loop
 
+def evaluate(engine: Engine, cfg: Config, step: int, w: "metrics.MetricsWriter", summary: SummaryBuilder,
+             timer: StepTimer) -> float:
+    """Mean loss over the `train.eval_batches` fixed held-out batches (the same for every framework
+    and device count); an `eval` record, `final_eval_loss`; its time is left out of the loop's rate."""
+    t0 = time.perf_counter()
+    loss = sum(engine.eval_loss(i) for i in range(cfg.train.eval_batches)) / cfg.train.eval_batches
+    seconds = time.perf_counter() - t0
+    timer.pauses.append((t0, seconds))
+    w.write("eval", step=step, loss=loss, batches=cfg.train.eval_batches,
+            tokens=cfg.train.eval_batches * cfg.train.eval_batch_size * cfg.model.seq_len, seconds=seconds)
+    summary["final_eval_loss"] = loss
+    if engine.process_index == 0:
+        log.info(f"eval at step {step}: held-out loss {loss:.4f} ({seconds:.2f} s)")
+    return loss
+
+
 def stop_requested(engine: Engine, stopper: StopRequest) -> bool:
     """Whether to stop now; with several processes, all of them decide together (a signal reaches
     them at different steps, and one that stopped alone would leave the others in a collective)."""
@@ -308,6 +327,8 @@ def run(engine: Engine, cfg: Config, cell_dir: Path, *, process_start: float, st
         if stop_requested(engine, stopper):  # a signal during start-up: nothing new to save
             summary["stopped_by"] = stopper.requested or "peer"
             stop = start
+        if t.eval_every and start == 0 and stop > start:  # the held-out loss at initialisation
+            evaluate(engine, cfg, 0, w, summary, timer)
         for step in range(start, stop):
             done = step + 1  # completed steps once this one is through
             if fault:
@@ -335,6 +356,8 @@ def run(engine: Engine, cfg: Config, cell_dir: Path, *, process_start: float, st
             last = done == stop or stop_now
             if last:
                 timer.end_loop()
+            if t.eval_every and (done % t.eval_every == 0 or last):
+                evaluate(engine, cfg, done, w, summary, timer)
             if cadence.due(done, last):
                 c0 = time.perf_counter()
                 engine.save(done)

@@ -5,6 +5,8 @@
            (what the framework was set to: matmul precision, XLA flags)
   compile  seconds (lowering + compiling the train step; torch.compile time)
   step     step, loss, grad_norm, lr, step_time_s, tokens_per_s, tokens_per_s_per_device, mfu
+  eval     step, loss (mean over train.eval_batches fixed held-out batches), batches, tokens, seconds
+           (left out of loop_tokens_per_s)
   checkpoint  step, seconds (time the training loop was blocked)
   checkpoint_wait  seconds (waiting for in-flight saves at the end)
   summary  framework, devices, processes, status (ok | stopped | failed), error, steps, final_loss,
@@ -14,7 +16,8 @@
            bytes_per_device, peak_memory_bytes, resumed_from_step, loop_tokens_per_s
            (tokens/s over the wall clock of the steady steps, including what intermediate
            checkpoint saves cost the loop; the final save is left out, as a long run amortises it),
-           stopped_by (the signal name, "launcher gone", or "peer" when another process stopped)
+           stopped_by (the signal name, "launcher gone", or "peer" when another process stopped),
+           final_eval_loss (the last eval record's loss; null without train.eval_every)
 A resumed cell appends; readers take the last summary and the step records of every segment.
 
 Every line is strict JSON: a NaN or infinite value is written as `null`, and the record then has
@@ -59,6 +62,8 @@ class MetricsWriter:
         self._f.write(json.dumps(rec, default=str, allow_nan=False) + "\n")
         if self._tb is not None and kind == "step":
             self._tb.scalars(clean["step"], {k: v for k, v in clean.items() if k != "step"})
+        if self._tb is not None and kind == "eval":
+            self._tb.scalars(clean["step"], {"loss": clean["loss"]}, prefix="eval")
 
     def close(self) -> None:
         if self.enabled:
