@@ -221,3 +221,18 @@ def test_damaged_latest_checkpoint_falls_back_then_fails_in_one_sentence(tmp_pat
     err = last(recs)["error"]
     assert err.startswith(f"CheckpointUnreadable: no checkpoint in {ckpt} can be read (step 12: "), err
     assert "\n" not in err and len(err) < 1000 and f"error (rank 0): {err}" in p.stderr
+
+
+def test_cpu_pytorch_on_a_host_with_gpus_is_refused_at_once(tmp_path):
+    """Protects against: a CPU-only PyTorch build silently training on the CPU of a GPU host and being
+    compared with JAX on the GPUs (launch.gpus.check_platform, called in torchrun_fsdp's build). A plain
+    CPU run (no GPUs visible) still trains."""
+    from jaxrun_helpers import run_trainer, summary as last, write_cell
+    cfg = write_cell(tmp_path / "cell", "framework=torch", "train.steps=2")
+    p, recs = run_trainer("torch", cfg, CUDA_VISIBLE_DEVICES="0,1")
+    assert p.returncode == 1
+    err = last(recs)["error"]
+    assert "sees GPUs (CUDA_VISIBLE_DEVICES=0,1) but PyTorch runs on the CPU platform" in err, err
+    assert not list((tmp_path / "cell").glob("checkpoints/step_*"))
+    p, recs = run_trainer("torch", cfg, CUDA_VISIBLE_DEVICES="")
+    assert p.returncode == 0 and last(recs)["status"] == "ok", p.stderr[-2000:]

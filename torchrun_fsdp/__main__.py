@@ -31,7 +31,12 @@ def setup_distributed(cfg) -> None:
 
 
 def build(cfg, cell_dir):
-    """The framework's part of starting up: join the process group, build the engine."""
+    """The framework's part of starting up: refuse a CPU-only PyTorch on a host with GPUs, join the
+    process group, build the engine."""
+    import torch
+
+    from launch import gpus
+    gpus.check_platform("torch", "cuda" if torch.cuda.is_available() else "cpu", os.environ)
     setup_distributed(cfg)
     from torchrun_fsdp.train import TorchEngine
     return TorchEngine(cfg, cell_dir)
