@@ -265,3 +265,17 @@ def test_pid_alive():
     time.sleep(1.0)  # exited but not reaped: a zombie is not alive
     assert not engine.pid_alive(z.pid)
     z.wait()
+
+
+def test_learning_rate_schedule_at_its_corners():
+    """Protects against: a changed warm-up (starting at 0, off by one) or cosine (not reaching
+    lr * min_lr_ratio at `steps`, wrong midpoint) in launch.loop.lr_at, which both frameworks use."""
+    t = config.load(["train.lr=1.0", "train.warmup_steps=4", "train.steps=14", "train.min_lr_ratio=0.1"]).train
+    assert loop.lr_at(0, t) == pytest.approx(0.25)  # the first update already moves: lr / warmup
+    assert loop.lr_at(3, t) == pytest.approx(1.0)  # end of warm-up: the peak
+    assert loop.lr_at(4, t) == pytest.approx(1.0)  # cosine starts at the peak
+    assert loop.lr_at(9, t) == pytest.approx(0.55)  # half way: the mean of peak and floor
+    assert loop.lr_at(13, t) == pytest.approx(0.1 + 0.45 * (1 + np.cos(0.9 * np.pi)))  # the last update
+    assert loop.lr_at(14, t) == pytest.approx(0.1) and loop.lr_at(20, t) == pytest.approx(0.1)
+    t0 = config.load(["train.lr=1.0", "train.warmup_steps=0", "train.steps=10"]).train
+    assert loop.lr_at(0, t0) == pytest.approx(1.0)

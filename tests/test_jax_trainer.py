@@ -314,3 +314,21 @@ def test_damaged_latest_checkpoint_falls_back_then_fails_in_one_sentence(tmp_pat
     err = last(recs)["error"]
     assert err.startswith(f"CheckpointUnreadable: no checkpoint in {ckpt} can be read (step 12: "), err
     assert "\n" not in err and len(err) < 1000 and f"error (process 0): {err}" in p.stderr
+
+
+def test_keep_n_retention_and_every_step_records_the_scheduled_lr(tmp_path):
+    """Protects against: checkpoint.keep ignored (Orbax max_to_keep not passed: every step piles up) or
+    off by one; and a step record whose lr is not the one launch.loop.lr_at gave that update (issue 19,
+    uncovered 6 and 8)."""
+    from launch import config, loop
+    from jaxrun_helpers import run_trainer, summary as last, write_cell
+    cfg_path = write_cell(tmp_path / "cell", "train.steps=8", "train.warmup_steps=3", "checkpoint.every=2",
+                          "checkpoint.keep=2")
+    p, recs = run_trainer("jax", cfg_path)
+    assert p.returncode == 0 and last(recs)["status"] == "ok", p.stderr[-2000:]
+    assert sorted((tmp_path / "cell" / "checkpoints").iterdir()) == [tmp_path / "cell" / "checkpoints" / s for s in ("6", "8")]
+    t = config.load_resolved(cfg_path).train
+    steps = [r for r in recs if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == list(range(1, 9))
+    for r in steps:
+        assert r["lr"] == pytest.approx(loop.lr_at(r["step"] - 1, t), rel=1e-12), r

@@ -236,3 +236,20 @@ def test_cpu_pytorch_on_a_host_with_gpus_is_refused_at_once(tmp_path):
     assert not list((tmp_path / "cell").glob("checkpoints/step_*"))
     p, recs = run_trainer("torch", cfg, CUDA_VISIBLE_DEVICES="")
     assert p.returncode == 0 and last(recs)["status"] == "ok", p.stderr[-2000:]
+
+
+def test_keep_n_retention_and_every_step_records_the_scheduled_lr(tmp_path):
+    """Protects against: checkpoint.keep ignored or off by one in the DCP commit (every step piles up); and
+    a step record whose lr is not the one launch.loop.lr_at gave that update (issue 19, uncovered 6 and 8)."""
+    from launch import config, loop
+    from jaxrun_helpers import run_trainer, summary as last, write_cell
+    cfg_path = write_cell(tmp_path / "cell", "framework=torch", "train.steps=8", "train.warmup_steps=3",
+                          "checkpoint.every=2", "checkpoint.keep=2")
+    p, recs = run_trainer("torch", cfg_path)
+    assert p.returncode == 0 and last(recs)["status"] == "ok", p.stderr[-2000:]
+    assert sorted(d.name for d in (tmp_path / "cell" / "checkpoints").iterdir()) == ["step_6", "step_8"]
+    t = config.load_resolved(cfg_path).train
+    steps = [r for r in recs if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == list(range(1, 9))
+    for r in steps:
+        assert r["lr"] == pytest.approx(loop.lr_at(r["step"] - 1, t), rel=1e-12), r
