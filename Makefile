@@ -10,12 +10,17 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test]'
 	touch $@
 
+# The tests also compile for TPU slices (`plan --compile target=tpu`): the tpu-aot extra brings libtpu (~680 MB).
+$(VENV)/.installed-tpu-aot: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,tpu-aot]'
+	touch $@
+
 install: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(BIN)/scaleout sweep sweep=cpu run.name=demo
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed-tpu-aot
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 .PHONY: install demo test

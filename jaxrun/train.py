@@ -25,7 +25,7 @@ import optax
 from flax import nnx
 
 from launch import engine
-from launch.data import Batches
+from launch.data import Batches, document_batch
 from launch.params import init_param, init_stacked, param_table
 from launch.schema import Config
 from jaxrun import checkpoint, mesh as mesh_mod
@@ -64,25 +64,29 @@ class TrainStep:
         self.abstract_opt = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_opt, self.opt_sh)
         self.batch_sh = mesh_mod.batch_sharding(mesh)
         self.microbatch_sh = mesh_mod.microbatch_sharding(mesh)
-        self.fn = jax.jit(self._train_step, in_shardings=(self.param_sh, self.opt_sh, self.batch_sh, self.batch_sh, None),
+        # model.attention=document: a sixth argument, (segment_ids, positions), sharded as the batch
+        self.documents = cfg.model.attention == "document"
+        doc_sh = ((self.batch_sh, self.batch_sh),) if self.documents else ()
+        self.fn = jax.jit(self._train_step, in_shardings=(self.param_sh, self.opt_sh, self.batch_sh, self.batch_sh, None) + doc_sh,
                           out_shardings=(self.param_sh, self.opt_sh, rep, rep), donate_argnums=(0, 1))
 
     def lower(self):
         """The step lowered for its abstract arguments: the state and a (global_batch, seq_len) batch."""
         B, T = self.cfg.train.global_batch, self.cfg.model.seq_len
         batch = jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=self.batch_sh)
-        return self.fn.lower(self.abstract_params, self.abstract_opt, batch, batch, jax.ShapeDtypeStruct((), jnp.float32))
+        doc = ((batch, batch),) if self.documents else ()
+        return self.fn.lower(self.abstract_params, self.abstract_opt, batch, batch, jax.ShapeDtypeStruct((), jnp.float32), *doc)
 
-    def _loss(self, params, inputs, targets):
+    def _loss(self, params, inputs, targets, segment_ids=None, positions=None):
         model = nnx.merge(self.graphdef, params)
-        logits = model(inputs, self.cfg.model, mesh_mod.activation_constraint(self.mesh))
+        logits = model(inputs, self.cfg.model, mesh_mod.activation_constraint(self.mesh), segment_ids, positions)
         return cross_entropy(logits, targets)
 
-    def _train_step(self, params, opt_state, inputs, targets, lr):
+    def _train_step(self, params, opt_state, inputs, targets, lr, doc=()):
         accum = self.cfg.train.grad_accum
         grad_fn = jax.value_and_grad(self._loss)
         if accum == 1:
-            loss, grads = grad_fn(params, inputs, targets)
+            loss, grads = grad_fn(params, inputs, targets, *doc)
         else:
             def micro(x):  # (B, T) -> (accum, B/accum, T): micro-batch j takes rows j, j+accum, ...
                 x = x.reshape(x.shape[0] // accum, accum, x.shape[1]).swapaxes(0, 1)
@@ -94,7 +98,8 @@ class TrainStep:
                 return (loss_sum + l, jax.tree.map(jnp.add, g_sum, g)), None
 
             zeros = jax.tree.map(jnp.zeros_like, params)
-            (loss, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), (micro(inputs), micro(targets)))
+            batch = (micro(inputs), micro(targets)) + tuple(micro(a) for a in doc)
+            (loss, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), batch)
             loss, grads = loss / accum, jax.tree.map(lambda g: g / accum, grads)
         gnorm = optax.tree.norm(grads)
         if self.cfg.train.clip_norm > 0:
@@ -124,10 +129,13 @@ class JaxEngine:
         self.param_sh, self.opt_sh, self.batch_sh, self.tx = p.param_sh, p.opt_sh, p.batch_sh, p.tx
         self.abstract_params, self.abstract_opt = p.abstract_params, p.abstract_opt
         self.lazy_compile_s = 0.0  # everything is compiled ahead of the first step (`compile`)
+        self.settings.update({"attention": m.attention, "norm_impl": m.norm_impl,
+                              "document_mask_impl": "jax.nn.dot_product_attention(mask)" if m.attention == "document" else None})
         self.data = Batches(cfg.data, m.vocab_size, m.seq_len)
         self.params = self.opt_state = None
         self.compiled = None
         self._any_fn = None
+        self._eval_fn = None  # jitted on the first evaluation
         self.ckpt = checkpoint.Checkpointer(cfg, self.abstract_state())
 
     # ------------------------------------------------------------------ Engine
@@ -166,24 +174,52 @@ class JaxEngine:
         return step
 
     def _batch(self, step: int):
+        """inputs, targets (and with model.attention=document segment_ids, positions) as global arrays."""
         B = self.cfg.train.global_batch
-        cache: Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]] = {}
+        cache: Dict[Tuple[int, int], Tuple[np.ndarray, ...]] = {}
+        documents = self.program.documents
 
         def rows(idx):
             sl = idx[0]
             key = (sl.start or 0, sl.stop if sl.stop is not None else B)
             if key not in cache:
-                cache[key] = self.data.split(step, *key)
+                if documents:
+                    d = document_batch(self.data, self.cfg, step, *key)
+                    cache[key] = (d.inputs, d.targets, d.segment_ids, d.positions)
+                else:
+                    cache[key] = self.data.split(step, *key)
             return cache[key]
 
-        inputs = jax.make_array_from_callback((B, self.cfg.model.seq_len), self.batch_sh, lambda idx: rows(idx)[0])
-        targets = jax.make_array_from_callback((B, self.cfg.model.seq_len), self.batch_sh, lambda idx: rows(idx)[1])
-        return inputs, targets
+        shape = (B, self.cfg.model.seq_len)
+        return tuple(jax.make_array_from_callback(shape, self.batch_sh, lambda idx, i=i: rows(idx)[i])
+                     for i in range(4 if documents else 2))
 
     def train_step(self, step: int, lr: float):
-        inputs, targets = self._batch(step)
-        self.params, self.opt_state, loss, gnorm = self.compiled(self.params, self.opt_state, inputs, targets, np.float32(lr))
+        inputs, targets, *doc = self._batch(step)
+        self.params, self.opt_state, loss, gnorm = self.compiled(self.params, self.opt_state, inputs, targets, np.float32(lr),
+                                                                 *([tuple(doc)] if doc else []))
         return _scalar(loss), _scalar(gnorm)
+
+    def eval_loss(self, index: int) -> float:
+        """Mean loss of held-out batch `index` (train.eval_batch_size rows): the training loss
+        function, forward only, with the training's parameter and batch shardings."""
+        if self._eval_fn is None:
+            self._eval_fn = jax.jit(self.program._loss, in_shardings=(self.param_sh, self.batch_sh, self.batch_sh),
+                                    out_shardings=mesh_mod.replicated(self.mesh))
+        E = self.cfg.train.eval_batch_size
+        cache: Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]] = {}
+
+        def rows(idx):
+            sl = idx[0]
+            key = (sl.start or 0, sl.stop if sl.stop is not None else E)
+            if key not in cache:
+                cache[key] = self.data.eval_split(index, *key)
+            return cache[key]
+
+        shape = (E, self.cfg.model.seq_len)
+        inputs = jax.make_array_from_callback(shape, self.batch_sh, lambda idx: rows(idx)[0])
+        targets = jax.make_array_from_callback(shape, self.batch_sh, lambda idx: rows(idx)[1])
+        return _scalar(self._eval_fn(self.params, inputs, targets))
 
     def save(self, step: int) -> None:
         self.ckpt.save(step, {"params": self.params, "opt_state": self.opt_state},

@@ -1,4 +1,4 @@
-"""The `scaleout` command line. Verbs: plan, run, sweep, report, status, logs, cancel, prepare-data.
+"""The `scaleout` command line. Verbs: plan, run, sweep, report, status, logs, cancel, prepare-data, export.
 
 Every verb takes config overrides as `key=value` words (`model=300m train.steps=50`) and
 `--config FILE` (repeatable). A mistake in the config is one sentence on stderr and exit code 2;
@@ -33,8 +33,28 @@ def _config(args: argparse.Namespace):
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from launch import plan
-    p = plan.describe(_config(args))
+    if args.check and not args.compile:
+        raise UserError("--check goes with --compile: `scaleout plan --compile --check KEY=VALUE...` exits 1 when the cell does not fit.")
+    cfg = _config(args)
+    if args.compile:
+        return _plan_compile(cfg, args)
+    p = plan.describe(cfg)
     print(plan.to_json(p) if args.json else plan.format_text(p))
+    return 0
+
+
+def _plan_compile(cfg, args: argparse.Namespace) -> int:
+    """`plan --compile`: the cell's per-device memory, compile time and FLOPs, estimated on this machine."""
+    from launch import aot, rundir
+    results = aot.estimate([cfg], [rundir.cell_name(cfg.framework, cfg.devices)])
+    print(aot.to_json(results) if args.json else aot.format_text(results), end="" if not args.json else "\n")
+    if args.check:
+        r = results[0]
+        if r["fits"] is None:
+            raise UserError(f"--check has no memory limit to check cell {r['cell']} against: {r['limit_source']}.")
+        if not r["fits"]:
+            print(f"scaleout: {aot.refusal(r)}", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -99,20 +119,52 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     run_dir = _run_dir(args)
     done = status.cancel(run_dir, _cells(args, run_dir))
     if not done:
-        print("no jobs recorded for that run directory or cell: local and TPU cells run in the foreground (stop their launcher)")
+        print("no jobs recorded for that run directory or cell: local cells run in the foreground (stop their launcher)")
     for cell, what in done.items():
         print(f"{cell}: {what}")
     return 0
 
 
 def cmd_prepare_data(args: argparse.Namespace) -> int:
-    from launch import data
-    if not Path(args.text).is_file():
-        raise UserError(f"TEXT={args.text!r} does not exist; give a text file to tokenise.")
-    if Path(args.out).is_dir():
-        raise UserError(f"OUT={args.out!r} is a directory; give the path of the token file to write, e.g. {Path(args.out) / 'tokens.bin'}.")
-    n = data.prepare_bytes(args.text, args.out, dtype=args.dtype)
-    print(f"wrote {n:,} tokens to {args.out} ({args.dtype}); use data.source=file data.path={args.out}")
+    from launch import tokenize
+    *inputs, out = args.paths
+    if not inputs:
+        raise UserError("prepare-data needs INPUT... OUT: at least one text or JSON-lines file, then the token file to write.")
+    if args.dtype and args.tokenizer != "bytes":
+        raise UserError("--dtype goes with --tokenizer bytes; a BPE's token file is uint16 when its vocabulary fits, else uint32.")
+    try:
+        meta = tokenize.prepare(inputs, out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
+                                val_fraction=args.val_fraction, dtype=args.dtype)
+    except tokenize.PrepareError as e:
+        raise UserError(str(e)) from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"an INPUT is not UTF-8 text ({e.reason} at byte {e.start}); give UTF-8 text or JSON-lines files.") from None
+    print(f"wrote {meta['tokens']:,} tokens ({meta['documents']:,} documents, vocabulary {meta['vocab_size']}, {meta['dtype']}) "
+          f"to {out} and {tokenize.sidecar_path(out).name}; held out: tokens {meta['val_start']:,}..{meta['tokens']:,}")
+    print(f"use data.source=file data.path={out} data.dtype={meta['dtype']} model.vocab_size={_round_vocab(meta['vocab_size'])}")
+    return 0
+
+
+def _round_vocab(v: int) -> int:
+    """A model vocabulary that holds the tokenizer's: at least 256, rounded up to a multiple of 64."""
+    return max(256, -(-v // 64) * 64)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from launch import export, hf
+    try:
+        max_shard = hf.parse_size(args.max_shard_size)
+        done = export.export(args.source, args.out, step=args.step, dtype=args.dtype, max_shard_bytes=max_shard,
+                             force=args.force)
+    except (export.ExportError, hf.HFError) as e:
+        raise UserError(str(e).rstrip(".") + ".") from None
+    except OSError as e:
+        raise UserError(f"cannot write OUT_DIR={str(args.out)!r}: {e.strerror or e}; give a directory you can write to.") from None
+    tok = f", {done['tokenizer'].name}" if done["tokenizer"] else " (no tokenizer.json: the run's data has none)"
+    print(f"exported step {done['step']} of {done['checkpoint']} ({done['framework']}, {done['bytes'] / 1e6:.1f} MB "
+          f"{args.dtype}) to {done['out']}: {', '.join(done['files'])}{tok}")
+    print(f"load it with transformers.LlamaForCausalLM.from_pretrained({str(done['out'])!r}), or start a cell from it "
+          f"with model.init=hf:{done['out']}")
     return 0
 
 
@@ -129,6 +181,11 @@ def _parser() -> argparse.ArgumentParser:
 
     p = with_config(sub.add_parser("plan", help="print what a config would run (no jax/torch needed)"))
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    p.add_argument("--compile", action="store_true",
+                   help="compile the cell's train step for its devices (jax; a TPU slice through libtpu: "
+                        "pip install 'scaleout[tpu-aot]') or estimate its per-rank peak (torch): memory per device "
+                        "against the device's, compile time, FLOPs")
+    p.add_argument("--check", action="store_true", help="with --compile: exit 1 when the cell does not fit")
     p.set_defaults(func=cmd_plan)
     p = with_config(sub.add_parser("run", help="run one cell (framework x devices) on the target"))
     p.set_defaults(func=cmd_run)
@@ -149,11 +206,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     p.add_argument("cell", nargs="?", metavar="CELL")
     p.set_defaults(func=cmd_cancel)
-    p = sub.add_parser("prepare-data", help="byte-tokenise a text file into a token file for data.source=file")
-    p.add_argument("text")
-    p.add_argument("out")
-    p.add_argument("--dtype", choices=("uint16", "uint32"), default="uint16")
+    p = sub.add_parser("prepare-data", help="tokenise text / JSON-lines files into a token file (+ sidecar) for data.source=file")
+    p.add_argument("paths", nargs="+", metavar="INPUT... OUT",
+                   help="text files (one document each) or JSON-lines files (a `text` field per line), then the token file to write")
+    p.add_argument("--tokenizer", default="bytes", metavar="bytes|bpe|PATH",
+                   help="bytes: one token per byte (vocabulary 256); bpe: train a byte-level BPE on the inputs and save "
+                        "tokenizer.json beside OUT; PATH: encode with an existing tokenizer.json")
+    p.add_argument("--vocab-size", type=int, default=8192, help="--tokenizer bpe: vocabulary size (default 8192)")
+    p.add_argument("--val-fraction", type=float, default=0.005,
+                   help="the last fraction of tokens held out for evaluation (default 0.005)")
+    p.add_argument("--dtype", choices=("uint16", "uint32"), default=None,
+                   help="--tokenizer bytes: token dtype (default uint16)")
     p.set_defaults(func=cmd_prepare_data)
+    p = sub.add_parser("export", help="write a cell's checkpoint as a Hugging Face Llama directory (config.json + safetensors)")
+    p.add_argument("source", type=Path, metavar="CELL_DIR_OR_CHECKPOINT",
+                   help="a cell directory, its checkpoint directory, or one step directory in it")
+    p.add_argument("out", type=Path, metavar="OUT_DIR", help="the model directory to write (new or empty)")
+    p.add_argument("--step", type=int, default=None, help="the checkpoint step to export (default: the latest complete one)")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="weights' dtype in the safetensors files")
+    p.add_argument("--max-shard-size", default="5GB", metavar="SIZE",
+                   help="largest safetensors file; more weights go into shards with an index (default 5GB)")
+    p.add_argument("--force", action="store_true", help="replace the model files of an OUT_DIR that is not empty")
+    p.set_defaults(func=cmd_export)
     return ap
 
 

@@ -26,12 +26,14 @@ from typing import Any, Dict, List, Optional, Tuple
 from omegaconf import OmegaConf
 
 from launch import files
+from launch.aot import ESTIMATE_NAME  # <cell>/estimate.json of a run with plan.check_fit
 from launch.files import CONFIG_NAME, LOGS_DIR, METRICS_NAME, SWEEP_FILE
 from launch.status import cell_dirs
 
 ROW_FIELDS = ["cell", "framework", "devices", "processes", "global_batch", "tokens_per_s", "tokens_per_s_per_device",
               "mfu", "step_time_p50_s", "step_time_p90_s", "compile_s", "time_to_first_step_s",
-              "peak_memory_bytes", "final_loss", "steps", "status", "error"]
+              "peak_memory_bytes", "final_loss", "final_eval_loss", "steps", "status", "error", "est_memory_bytes", "est_limit_bytes",
+              "est_compile_s"]
 
 
 class ReportError(Exception):
@@ -79,13 +81,21 @@ def load_cell(cell_dir: Path) -> Dict[str, Any]:
     if s:
         row.update({k: s.get(k) for k in ROW_FIELDS if k in s and k not in ("cell", "error")})
         row["step_time_mean_s"] = s.get("step_time_mean_s")
-    steps = {}
+    steps, evals = {}, {}
     for r in recs:
         if r.get("kind") == "step" and isinstance(r.get("step"), int):
             steps[r["step"]] = r.get("loss")
+        if r.get("kind") == "eval" and isinstance(r.get("step"), int):  # held-out loss (train.eval_every)
+            evals[r["step"]] = r.get("loss")
     if not s or s.get("status") != "ok":
         row["status"], row["error"] = _explain(cell_dir, s, max(steps) if steps else None)
+    est = files.read_json(cell_dir / ESTIMATE_NAME)
+    if isinstance(est, dict):
+        row["est_memory_bytes"] = (est.get("memory") or {}).get("total")
+        row["est_limit_bytes"], row["est_compile_s"] = est.get("limit_bytes"), est.get("compile_s")
+        row["_est_method"] = est.get("method")
     row["_loss"] = sorted(steps.items())
+    row["_eval"] = sorted(evals.items())
     row["_start"] = starts[-1] if starts else {}
     row["_cfg"] = cfg
     return row
@@ -145,6 +155,44 @@ def derive(rows: List[Dict[str, Any]], scaling: str, horizon: int) -> Dict[str, 
     return out
 
 
+# Workload axes of issue 15: (config key, baseline value, variant value).
+WORKLOAD_AXES = (("attention", "causal", "document"), ("norm_impl", "native", "custom"))
+
+
+def workloads(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Per framework and device count, each variant cell against the baseline cell that differs
+    from it only in that one model key (model.attention, model.norm_impl): throughput ratio and
+    the change in compile and first-step time."""
+    ok = [r for r in rows if r["status"] == "ok" and r["tokens_per_s"]]
+    out: List[Dict[str, Any]] = []
+    for key, base_v, var_v in WORKLOAD_AXES:
+        def ident(r, key=key):
+            m = dict(r["_cfg"]["model"])
+            m.pop(key, None)
+            return r["framework"], r["devices"], json.dumps(m, sort_keys=True, default=str)
+
+        base = {ident(r): r for r in ok if r["_cfg"]["model"].get(key, base_v) == base_v}
+        for r in ok:
+            b = base.get(ident(r))
+            if r["_cfg"]["model"].get(key) != var_v or b is None:
+                continue
+            settings = (r.get("_start") or {}).get("settings") or {}
+            others = {k: r["_cfg"]["model"].get(k) for k, _, _ in WORKLOAD_AXES if k != key}
+            out.append({"axis": key, "framework": r["framework"], "devices": r["devices"], "cell": r["cell"],
+                        "baseline_cell": b["cell"], "with": others, "throughput_ratio": r["tokens_per_s"] / b["tokens_per_s"],
+                        "compile_s": {"baseline": b["compile_s"], "variant": r["compile_s"]},
+                        "first_step_s": {"baseline": b["time_to_first_step_s"], "variant": r["time_to_first_step_s"]},
+                        "document_mask_impl": settings.get("document_mask_impl") if key == "attention" else None})
+    return sorted(out, key=lambda w: (w["axis"], w["framework"], w["devices"], w["cell"]))
+
+
+def _delta(pair: Dict[str, Any]) -> str:
+    a, b = pair.get("baseline"), pair.get("variant")
+    if a is None or b is None:
+        return "-"
+    return f"{b:.2f} s ({b - a:+.2f} s)"
+
+
 def hardware(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     starts = [r["_start"] for r in rows if r["_start"]]
     kinds = sorted({s.get("device_kind") for s in starts if s.get("device_kind")})
@@ -175,8 +223,9 @@ def write(run_dir: Path) -> Dict[str, Any]:
     plots = _plots(run_dir, rows, derived)
     public = [{k: r.get(k) for k in ROW_FIELDS} for r in rows]
     doc = {"run_dir": str(run_dir), "model": rows[0]["_cfg"]["model"]["name"], "hardware": hw, "cells": public,
-           "derived": derived, "plots": [p.name for p in plots],
-           "loss_curves": {r["cell"]: r["_loss"] for r in rows}}
+           "derived": derived, "plots": [p.name for p in plots], "workloads": workloads(rows),
+           "loss_curves": {r["cell"]: r["_loss"] for r in rows},
+           "eval_loss_curves": {r["cell"]: r["_eval"] for r in rows if r.get("_eval")}}
     files.atomic_write(run_dir / "report.json", json.dumps(doc, indent=2, default=str))
     table = io.StringIO()
     w = csv.DictWriter(table, fieldnames=ROW_FIELDS)
@@ -217,6 +266,20 @@ def _markdown(doc: Dict[str, Any], rows: List[Dict[str, Any]]) -> str:
                  f"{_fmt(r['tokens_per_s'])} | {_fmt(r['tokens_per_s_per_device'])} | {_fmt(r['mfu'], 'pct')} | "
                  f"{_fmt(r['step_time_p50_s'])} s | {_fmt(r['step_time_p90_s'])} s | {_fmt(r['compile_s'])} s | "
                  f"{_fmt(r['time_to_first_step_s'])} s | {_fmt(r['peak_memory_bytes'], 'bytes')} | {_fmt(r['final_loss'])} | {status} |")
+    estimated = [r for r in rows if r.get("est_memory_bytes") is not None]
+    if estimated:
+        L += ["", "## Estimated vs measured", "",
+              "Estimates from the fit check before the run (`plan.check_fit`, as `scaleout plan --compile`): per-device "
+              "memory and, for JAX, the ahead-of-time compile of the same step.", "",
+              "| cell | est. memory/device | limit | measured peak | est. compile | measured compile | estimated by |",
+              "|---|---|---|---|---|---|---|"]
+        for r in estimated:
+            L.append(f"| {r['cell']} | {_fmt(r['est_memory_bytes'], 'bytes')} | {_fmt(r['est_limit_bytes'], 'bytes')} | "
+                     f"{_fmt(r['peak_memory_bytes'], 'bytes')} | {_fmt(r['est_compile_s'])} s | {_fmt(r['compile_s'])} s | "
+                     f"{r.get('_est_method') or '-'} |")
+        if any(k == "cpu" for k in hw["device_kinds"]):
+            L += ["", "On CPU the measured peak is the process's peak RSS: it includes the interpreter and libraries "
+                  "(a few hundred MiB) and, with simulated devices, every device of the process."]
     L += ["", "## Scaling efficiency", ""]
     for fw, eff in d["efficiency"].items():
         L.append(f"- {fw}: " + ", ".join(f"{n} dev {100 * e:.0f}%" for n, e in sorted(eff.items())))
@@ -238,6 +301,24 @@ def _markdown(doc: Dict[str, Any], rows: List[Dict[str, Any]]) -> str:
     for n, g in sorted(d["loss_gap"].items()):
         L.append(f"- {n} device(s): jax and torch differ by at most {100 * g['max_rel_diff']:.3g}% over "
                  f"{g['steps_compared']} steps (same data, same initial weights)")
+    for r in rows:
+        if r.get("_eval"):
+            step, loss = r["_eval"][-1]
+            L.append(f"- {r['cell']}: held-out loss {_fmt(loss)} at step {step} (training loss {_fmt(r['final_loss'])}; "
+                     f"{len(r['_eval'])} evaluations on fixed held-out batches)")
+    if doc.get("workloads"):
+        L += ["", "## Workloads: document mask and custom op", "",
+              "Each variant cell against the cell that differs from it only in `model.attention` (document vs "
+              "causal) or `model.norm_impl` (custom vs native): throughput ratio (variant / baseline), then compile "
+              "and first-step time of the variant with the change from the baseline in brackets. `mask impl` is what "
+              "ran the document mask (torch: flex or sdpa, from `torch.document_mask_impl`).", "",
+              "| axis | fw | dev | variant cell | vs | throughput ratio | compile | first step | mask impl |",
+              "|---|---|---|---|---|---|---|---|---|"]
+        for w in doc["workloads"]:
+            axis = "document/causal" if w["axis"] == "attention" else "custom/native norm"
+            L.append(f"| {axis} | {w['framework']} | {w['devices']} | {w['cell']} | {w['baseline_cell']} | "
+                     f"{w['throughput_ratio']:.3f}x | {_delta(w['compile_s'])} | {_delta(w['first_step_s'])} | "
+                     f"{w['document_mask_impl'] or '-'} |")
     L += ["", "## Plots", ""] + [f"![{p}]({p})" for p in doc["plots"]]
     L += ["", "Start-up cost is the time from process start to the end of the first step (compilation included); "
           "wall time of n steps = start-up + (n-1) x mean step time. Steady-state figures exclude the first "
@@ -278,8 +359,11 @@ def _plots(run_dir: Path, rows: List[Dict[str, Any]], d: Dict[str, Any]) -> List
     for r in rows:
         if r["_loss"]:
             steps, losses = zip(*r["_loss"])
-            ax.plot(steps, losses, ls="-" if r["framework"] == "jax" else "--", label=r["cell"])
-    ax.set(xlabel="step", ylabel="loss", title="Loss curves (same data, same init)")
+            line, = ax.plot(steps, losses, ls="-" if r["framework"] == "jax" else "--", label=r["cell"])
+            if r.get("_eval"):  # held-out loss next to the training loss, in the same colour
+                e_steps, e_losses = zip(*r["_eval"])
+                ax.plot(e_steps, e_losses, ls=":", marker="o", ms=3, color=line.get_color(), label=f"{r['cell']} held-out")
+    ax.set(xlabel="step", ylabel="loss", title="Loss curves (same data, same init; dotted: held-out)")
     ax.legend(fontsize=7)
     out.append(_save(fig, run_dir / "loss.png"))
 

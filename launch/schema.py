@@ -74,8 +74,16 @@ class ModelConfig:
     rope_theta: float = setting(10000.0, "RoPE base frequency", gt=0)
     norm_eps: float = setting(1e-5, "RMSNorm epsilon", gt=0)
     init_std: float = setting(0.02, "std of the normal init (wo and w2 scaled by 1/sqrt(2*n_layers))", gt=0)
-    init: str = setting("numpy", "numpy is framework-neutral (identical in both); native is sharded on device (JAX)",
-                        choices=("numpy", "native"))
+    init: str = setting("numpy", "numpy | native | hf:DIR: numpy is framework-neutral (identical in both); native is "
+                        "sharded on device (JAX); hf:DIR loads a Hugging Face Llama directory of this shape "
+                        "(e.g. from `scaleout export`)")
+    attention: str = setting("causal", "causal: one sequence per row; document: rows packed from documents (end-of-"
+                             "document token data.eos_id), each token attends only to its own document",
+                             choices=("causal", "document"))
+    doc_positions: str = setting("reset", "attention=document: RoPE positions restart at 0 in every document (reset) "
+                                 "or run along the row (global)", choices=("reset", "global"))
+    norm_impl: str = setting("native", "RMSNorm: native (framework autodiff) or custom (hand-written backward: "
+                             "jax.custom_vjp / a torch.library op with register_autograd)", choices=("native", "custom"))
 
 
 @dataclass
@@ -106,6 +114,10 @@ class TrainConfig:
     seed: int = setting(0, "weight-init seed", ge=0)
     warmup_exclude: int = setting(3, "first steps left out of steady-state timing (compile included)", ge=0)
     log_every: int = setting(1, "write a step record every this many steps", ge=1)
+    eval_every: int = setting(0, "held-out loss every this many steps (and after the last); 0 disables", ge=0)
+    eval_batches: int = setting(4, "held-out batches per evaluation (fixed: a function of data.seed only)", ge=1)
+    eval_batch_size: int = setting(8, "sequences per held-out batch, the same for every device count (divisible by "
+                                   "the data-parallel size)", ge=1)
 
 
 @dataclass
@@ -117,6 +129,11 @@ class DataConfig:
     path: Optional[str] = setting(None, "token file for source=file")
     dtype: str = setting("uint16", "token dtype of the file", choices=("uint16", "uint32"))
     seed: int = setting(1234, "data seed: the batch at step s is a function of (seed, s) only", ge=0)
+    mean_doc_len: int = setting(64, "model.attention=document, synthetic source: mean document length (seeded "
+                                "geometric lengths)", ge=1)
+    eos_id: Optional[int] = setting(None, "end-of-document token (model.attention=document); null: the token file's "
+                                    "sidecar eos_id, else model.vocab_size - 1",
+                                    ge=0)
 
 
 @dataclass
@@ -173,6 +190,9 @@ class TorchConfig:
     """framework=torch."""
 
     compile: bool = setting(False, "torch.compile each block (its time is recorded as compile time)")
+    document_mask_impl: str = setting("auto", "model.attention=document: flex (flex_attention + a document-causal "
+                                      "BlockMask, compiled), sdpa (dense boolean mask) or auto (flex on GPU, sdpa on "
+                                      "CPU, where torch has no flex_attention backward)", choices=("auto", "flex", "sdpa"))
 
 
 @dataclass
@@ -215,17 +235,34 @@ class TpuConfig:
     name: str = setting("scaleout-${run.name}", "TPU VM / node id")
     generation: str = setting("v5e", "TPU generation", choices=("v4", "v5e", "v5p", "v6e"))
     accelerator_type: Optional[str] = setting(None, "explicit type, e.g. v5litepod-16; else derived from devices")
-    runtime_version: str = setting("v2-alpha-tpuv5-lite", "TPU VM software version")
+    runtime_version: Optional[str] = setting(None, "TPU VM software version; null: the generation's (v4 tpu-ubuntu2204-base, "
+                                             "v5e v2-alpha-tpuv5-lite, v5p v2-alpha-tpuv5, v6e v2-alpha-tpuv6e)")
     project: Optional[str] = setting(None, "GCP project (null: gcloud's configured project)")
-    zone: str = setting("us-west4-a", "GCP zone")
+    zone: Optional[str] = setting(None, "GCP zone; null: the first zone Cloud TPU lists for the generation (v4 us-central2-b, "
+                                  "v5e us-west4-a, v5p us-east5-a, v6e us-east1-d)")
     capacity: str = setting("on-demand", "how the slice is provisioned",
                             choices=("on-demand", "spot", "reserved", "best-effort"))
     keep: bool = setting(False, "keep the slice after the run")
     poll_interval_s: float = setting(30.0, "describe every this many seconds while waiting for ACTIVE", gt=0)
     timeout_s: float = setting(3600.0, "give up waiting for ACTIVE after this long", gt=0)
-    setup: List[str] = setting(["pip install -q -e '.[jax]' 'jax[tpu]'"], "run once per worker after the code arrives")
+    setup: Optional[List[str]] = setting(None, "commands run once per worker in the unpacked code; null: a uv Python 3.11 "
+                                         "venv with the pinned dependencies + jax[tpu]; a list replaces it")
     gcloud: str = setting("gcloud", "the gcloud executable")
-    python: str = setting("python3", "interpreter on the TPU workers")
+    python: Optional[str] = setting(None, "interpreter on the workers; null: ~/scaleout/venv/bin/python, made by the "
+                                    "default tpu.setup")
+
+
+@dataclass
+class PlanConfig:
+    """`scaleout plan --compile` and the fit check: per-device memory known before a cell runs."""
+
+    check_fit: bool = setting(False, "run/sweep: estimate every cell's per-device memory first (as plan --compile does) "
+                              "and refuse, before anything is written, cells that exceed the device memory")
+    device: Optional[str] = setting(None, "accelerator whose datasheet memory is the limit where the target does not "
+                                    "name one (slurm GPUs), e.g. h100, h200, a100-80gb; null: the TPU generation's "
+                                    "chip, or host memory / devices on CPU")
+    device_memory_gib: Optional[float] = setting(None, "per-device memory limit in GiB for the fit check; overrides "
+                                                 "the datasheet or host figure", gt=0)
 
 
 @dataclass
@@ -265,6 +302,7 @@ class Config:
     torch: TorchConfig = field(default_factory=TorchConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     tpu: TpuConfig = field(default_factory=TpuConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
 

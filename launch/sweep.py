@@ -3,8 +3,10 @@
     expand   frameworks x devices (x sweep.extra) into cells, each a fully resolved config
     check    every cell valid for the target, the environment ready (preflight), no cell of the
              run directory written with other math, no checkpoint directory of another run,
-             no cell held by another launcher or a live job -- all before anything is written
-    write    run.json, each <cell>/config.yaml, sweep.json
+             no cell held by another launcher or a live job, and with `plan.check_fit` every
+             cell's per-device memory estimated (launch.aot) within the device's -- all before
+             anything is written
+    write    run.json, each <cell>/config.yaml, sweep.json (and <cell>/estimate.json when estimated)
     run      skip finished cells, hand the rest to the target (launch.targets), once
     report   when the target's results are final (local, tpu, slurm with slurm.wait)
 
@@ -70,8 +72,9 @@ def single(cfg: Config, rid: str = "") -> List[Cell]:
     return [Cell(name, cfg.framework, cfg.devices, {}, rundir.cell_config(cfg, name, rid or None), rundir.cell_dir(cfg, name))]
 
 
-def check(cfg: Config, cells: Sequence[Cell]) -> None:
-    """Everything that can refuse the run, before anything is written."""
+def check(cfg: Config, cells: Sequence[Cell]) -> Dict[str, Dict[str, Any]]:
+    """Everything that can refuse the run, before anything is written; returns the fit check's
+    estimates per cell name (empty without `plan.check_fit`)."""
     rundir.check_identity(cfg)
     target = get_target(cfg.target)
     for c in cells:
@@ -92,6 +95,11 @@ def check(cfg: Config, cells: Sequence[Cell]) -> None:
         if c.name in live:
             raise SubmitError(f"cell {c.name} already has a live job {live[c.name].job_id} ({live[c.name].state}); "
                               f"wait for it, or stop it with `scaleout cancel {c.dir.parent} {c.name}`.")
+    if not cfg.plan.check_fit:
+        return {}
+    from launch import aot  # last: it compiles or traces every cell
+    log.info(f"plan.check_fit: estimating the per-device memory of {len(cells)} cell(s)")
+    return aot.check_fit(cfg, cells)
 
 
 def is_finished(c: Cell) -> bool:
@@ -113,12 +121,16 @@ def write(cfg: Config, cells: Sequence[Cell], rid: str, manifest: bool) -> Path:
 
 def execute(cfg: Config, cells: List[Cell], manifest: bool) -> List[Outcome]:
     """Check, write, skip finished cells and run the rest on the target; returns the outcomes of those run."""
-    check(cfg, cells)
+    estimates = check(cfg, cells)
     target = get_target(cfg.target)
     todo = [c for c in cells if not is_finished(c)]
     foreground = cfg.target != "slurm"  # slurm's launcher hands the cells to jobs and leaves
     with CellLocks([c.dir for c in todo]) if foreground else contextlib.nullcontext():
         run_dir = write(cfg, cells, cells[0].cfg.run.id, manifest)
+        if estimates:
+            from launch import aot
+            for c in cells:
+                files.write_json(c.dir / aot.ESTIMATE_NAME, aot.timestamped(estimates)[c.name])
         if manifest:
             log.info(f"sweep of {len(cells)} cells ({cfg.sweep.scaling} scaling, target={cfg.target}) in {run_dir}")
         for c in cells:

@@ -278,7 +278,7 @@ def test_export_refuses_a_non_empty_out_dir_and_a_path_that_is_not_a_cell(tmp_pa
 
 def test_tokenizer_next_to_the_token_file_is_found(tmp_path):
     data = tmp_path / "tokens.bin"
-    np.arange(1000, dtype=np.uint16).tofile(data)
+    (np.arange(1000) % 256).astype(np.uint16).tofile(data)
     cfg = config.load(["data.source=file", f"data.path={data}"])
     assert export.tokenizer_for(cfg) is None
     (tmp_path / "tokenizer.json").write_text("{}")

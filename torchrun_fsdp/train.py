@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from launch import engine
-from launch.data import Batches
+from launch import engine, gpus
+from launch.data import Batches, document_batch
 from launch.params import init_param, named_params
 from launch.schema import Config
 from torchrun_fsdp import parallel
@@ -53,18 +53,21 @@ class TorchEngine:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.process_index, self.process_count = self.rank, self.world
         if torch.cuda.is_available():
-            local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-            # a SLURM task bound to its own GPU sees only that one, as cuda:0
-            self.device = torch.device("cuda", local_rank if torch.cuda.device_count() > 1 else 0)
+            # launch.gpus decides: 0 for a task bound to its own GPU (it sees only that one), else the local rank
+            index = gpus.local_gpu_index(os.environ, torch.cuda.device_count())
+            self.device = torch.device("cuda", 0 if index is None else index)
             torch.cuda.set_device(self.device)
             self.device_kind = torch.cuda.get_device_name(self.device)
         else:
             self.device = torch.device("cpu")
             self.device_kind = "cpu"
         self.mesh = parallel.build_mesh(cfg, self.device.type)
+        self.document_mask_impl = resolve_document_mask_impl(cfg.torch.document_mask_impl, self.device.type)
+        self.settings.update({"attention": cfg.model.attention, "norm_impl": cfg.model.norm_impl,
+                              "document_mask_impl": self.document_mask_impl if cfg.model.attention == "document" else None})
         m = cfg.model
         with torch.device("meta"):
-            model = Transformer(m)
+            model = Transformer(m, self.document_mask_impl)
         parallel.parallelize(model, cfg, self.mesh)
         self.lazy_compile_s = 0.0  # torch.compile's time, measured in the first step
         model.to_empty(device=self.device)
@@ -104,7 +107,14 @@ class TorchEngine:
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         start = self.rank * self.rows_per_rank
-        inputs, targets = self.data.split(step, start, start + self.rows_per_rank)
+        doc = {}
+        if self.cfg.model.attention == "document":
+            d = document_batch(self.data, self.cfg, step, start, start + self.rows_per_rank)
+            inputs, targets = d.inputs, d.targets
+            doc = {"segment_ids": torch.from_numpy(d.segment_ids.astype(np.int64)).to(self.device),
+                   "positions": torch.from_numpy(d.positions).to(self.device)}
+        else:
+            inputs, targets = self.data.split(step, start, start + self.rows_per_rank)
         inputs = torch.from_numpy(inputs.astype(np.int64)).to(self.device)
         targets = torch.from_numpy(targets.astype(np.int64)).to(self.device)
         accum = t.grad_accum
@@ -114,10 +124,10 @@ class TorchEngine:
             sel = slice(None) if accum == 1 else torch.arange(j, self.rows_per_rank, accum, device=self.device)
             if accum > 1 and hasattr(self.model, "set_requires_gradient_sync"):  # FSDP: reduce once per step
                 self.model.set_requires_gradient_sync(j == accum - 1)
-            loss = cross_entropy(self.model(inputs[sel]), targets[sel])
+            loss = cross_entropy(self.model(inputs[sel], **{k: v[sel] for k, v in doc.items()}), targets[sel])
             (loss / accum).backward()
             loss_sum += loss.detach()
-        if self.cfg.torch.compile and not self.lazy_compile_s:
+        if (self.cfg.torch.compile or doc and self.document_mask_impl == "flex") and not self.lazy_compile_s:
             self._sync()
             self.lazy_compile_s = time.perf_counter() - t0  # the first step traces and compiles every block
         max_norm = t.clip_norm if t.clip_norm > 0 else float("inf")
@@ -133,6 +143,21 @@ class TorchEngine:
                 loss /= self.world  # gloo has no AVG
         self.ckpt.poll()
         return float(loss), float(gnorm)
+
+    def eval_loss(self, index: int) -> float:
+        """Mean loss of held-out batch `index` (train.eval_batch_size rows, this rank's share of
+        them): forward only, under the training's FSDP sharding, averaged over ranks."""
+        rows = self.cfg.train.eval_batch_size // self.world
+        start = self.rank * rows
+        inputs, targets = self.data.eval_split(index, start, start + rows)
+        inputs = torch.from_numpy(inputs.astype(np.int64)).to(self.device)
+        targets = torch.from_numpy(targets.astype(np.int64)).to(self.device)
+        with torch.no_grad():
+            loss = cross_entropy(self.model(inputs), targets).float()
+        if self.world > 1:
+            dist.all_reduce(loss, op=dist.ReduceOp.SUM)
+            loss /= self.world
+        return float(loss)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -173,6 +198,17 @@ class TorchEngine:
     def peak_memory_bytes(self) -> int:
         cuda = self.device.type == "cuda"
         return engine.peak_memory_bytes(int(torch.cuda.max_memory_allocated(self.device)) if cuda else None)
+
+
+def resolve_document_mask_impl(choice: str, device_type: str) -> str:
+    """torch.document_mask_impl -> flex | sdpa. torch 2.13's CPU build has no flex_attention
+    backward ("FlexAttention does not support backward on CPU"), so auto means sdpa there."""
+    if choice == "auto":
+        return "flex" if device_type == "cuda" else "sdpa"
+    if choice == "flex" and device_type == "cpu":
+        raise ValueError("torch.document_mask_impl=flex cannot train on CPU: this torch has no flex_attention "
+                         "backward on CPU; use torch.document_mask_impl=sdpa (or auto).")
+    return choice
 
 
 def _canonical(name: str) -> str:

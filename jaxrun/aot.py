@@ -1,0 +1,166 @@
+"""Compile the JAX trainer's train step ahead of time for devices this machine does not have.
+
+    python -m jaxrun.aot CELL.yaml [CELL.yaml ...]   -> one JSON list on stdout (launch.aot runs it)
+
+For target=tpu the devices come from libtpu's topology description of the cell's slice (e.g.
+`v5e:4x8`, 8 hosts of 2x2 chips), so XLA:TPU compiles the program every host of that slice would
+run; otherwise they are simulated CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count,
+set by the caller). The program is `jaxrun.train.TrainStep`: the function, shardings and donation
+`JaxEngine` compiles before its first step. Per device it reports XLA's `memory_analysis()` and
+`cost_analysis()` next to `launch.flops`.
+
+A program that does not fit is refused by XLA:TPU at compile time ("Ran out of memory in memory
+space hbm. Used X of Y hbm"): that is reported as an estimate of X that does not fit, not an error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+import time
+from typing import Any, Dict, List
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from launch import aot as aot_mod
+from launch import config as config_mod
+from launch import flops, sharding
+from launch.schema import Config
+from jaxrun import mesh as mesh_mod
+from jaxrun.train import MATMUL_PRECISION, TrainStep
+
+log = logging.getLogger(__name__)
+# XLA:TPU's refusals: "Ran out of memory on HBM, the total memory required for HLO temporaries (60.04G)
+# exceeds available HBM (15.75G)." and "Ran out of memory in memory space hbm. Used 25.49G of 15.75G hbm."
+OOM_RES = (re.compile(r"required for HLO (temporaries) \(([0-9.]+)([KMGT])\) exceeds available HBM \(([0-9.]+)([KMGT])\)"),
+           re.compile(r"(Used) ([0-9.]+)([KMGT]) of ([0-9.]+)([KMGT]) hbm", re.IGNORECASE))
+UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def topology_devices(cfg: Config) -> tuple:
+    """(devices, description) of the cell's TPU slice, from libtpu without any TPU attached."""
+    from jax.experimental import topologies
+    t = aot_mod.tpu_topology(cfg)
+    topo = topologies.get_topology_desc(platform="tpu", topology_name=t["name"], chip_config_name=t["chip_config_name"],
+                                        chips_per_host_bounds=tuple(t["chips_per_host_bounds"]), num_slices=1)
+    devices = list(topo.devices)
+    hosts = len({d.process_index for d in devices})
+    where = (f"TPU {t['accelerator_type']} (topology {t['name']}: {hosts} host(s) x {t['chips_per_host']} chips, "
+             f"compiled here through libtpu)")
+    return devices, where, {**t, "hosts_seen": hosts}
+
+
+def make_mesh(cfg: Config, devices: List[Any]) -> Mesh:
+    """The trainer's mesh (`jaxrun.mesh.make_mesh`) over the given devices instead of this machine's."""
+    shape = config_mod.mesh_shape(cfg)
+    axis_shapes = tuple(shape[a] for a in sharding.MESH_AXES)
+    try:
+        return jax.make_mesh(axis_shapes, sharding.MESH_AXES, axis_types=mesh_mod.AXIS_TYPES, devices=devices)
+    except (ValueError, NotImplementedError, AssertionError):
+        return Mesh(np.array(devices).reshape(axis_shapes), sharding.MESH_AXES, axis_types=mesh_mod.AXIS_TYPES)
+
+
+def _oom(e: Exception) -> Dict[str, Any] | None:
+    """What XLA:TPU said when it refused a program for its memory: {what, used, capacity} in bytes."""
+    for pattern in OOM_RES:
+        m = pattern.search(str(e))
+        if m:
+            return {"what": "temporaries" if m.group(1) == "temporaries" else "total",
+                    "used": int(float(m.group(2)) * UNITS[m.group(3).upper()]),
+                    "capacity": int(float(m.group(4)) * UNITS[m.group(5).upper()])}
+    return None
+
+
+def argument_bytes(program: TrainStep, cfg: Config) -> int:
+    """Bytes of the step's arguments on one device: its shard of the state and of the batch."""
+    total = 0
+    for leaf in jax.tree.leaves((program.abstract_params, program.abstract_opt)):
+        total += int(np.prod(leaf.sharding.shard_shape(leaf.shape))) * leaf.dtype.itemsize
+    batch = program.batch_sh.shard_shape((cfg.train.global_batch, cfg.model.seq_len))
+    return total + 2 * int(np.prod(batch)) * 4 + 4  # inputs, targets (int32), lr
+
+
+def compile_cell(cfg: Config) -> Dict[str, Any]:
+    jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[cfg.model.matmul_precision])
+    if cfg.target == "tpu":
+        devices, where, topo = topology_devices(cfg)
+    else:
+        cpus = jax.devices("cpu")
+        if len(cpus) < cfg.devices:
+            raise RuntimeError(f"{cfg.devices} simulated CPU devices needed, {len(cpus)} present "
+                               "(XLA_FLAGS=--xla_force_host_platform_device_count)")
+        devices, where, topo = cpus[:cfg.devices], f"{cfg.devices} simulated CPU device(s) (target={cfg.target})", None
+    mesh = make_mesh(cfg, devices)
+    kind = devices[0].device_kind
+    t0 = time.perf_counter()
+    program = TrainStep(cfg, mesh)
+    lowered = program.lower()
+    lower_s = time.perf_counter() - t0
+    tokens = cfg.train.global_batch * cfg.model.seq_len
+    formula = flops.flops_per_token(cfg.model) * tokens
+    out: Dict[str, Any] = {"framework": "jax", "target": cfg.target, "devices": cfg.devices, "where": where,
+                           "device_kind": kind, "platform": devices[0].platform, "topology": topo,
+                           "mesh": config_mod.mesh_shape(cfg), "method": f"XLA memory_analysis ({devices[0].platform})",
+                           "lower_s": lower_s, "notes": []}
+    t0, c0 = time.perf_counter(), time.process_time()
+    try:
+        compiled = lowered.compile()
+    except Exception as e:  # XLA:TPU refuses a program that does not fit in HBM
+        oom = _oom(e)
+        if oom is None:
+            raise
+        out.update(compiled=False, compile_s=time.perf_counter() - t0, compile_cpu_s=time.process_time() - c0,
+                   compiler_capacity_bytes=oom["capacity"], flops=None)
+        if oom["what"] == "temporaries":  # the state's shard comes on top of the temporaries XLA counted
+            arg = argument_bytes(program, cfg)
+            out["memory"] = {"argument": arg, "temp": oom["used"], "total": arg + oom["used"]}
+            out["notes"].append(f"XLA:TPU refused the program: its temporaries alone need {oom['used'] / 2**30:.2f} GiB "
+                                f"where {oom['capacity'] / 2**30:.2f} GiB of HBM is usable; the total shown adds the "
+                                "arguments (the state's shard and the batch) and omits the generated code")
+        else:
+            out["memory"] = {"total": oom["used"]}
+            out["notes"].append(f"XLA:TPU refused the program: it needs {oom['used'] / 2**30:.2f} GiB of HBM where "
+                                f"{oom['capacity'] / 2**30:.2f} GiB is usable")
+        return out
+    out["compile_s"] = time.perf_counter() - t0
+    out["compile_cpu_s"] = time.process_time() - c0  # all threads: what a loaded machine does not inflate
+    out["compiled"] = True
+    ma = compiled.memory_analysis()
+    mem = {"argument": ma.argument_size_in_bytes, "output": ma.output_size_in_bytes, "alias": ma.alias_size_in_bytes,
+           "temp": ma.temp_size_in_bytes, "generated_code": ma.generated_code_size_in_bytes}
+    mem["total"] = mem["argument"] + mem["output"] - mem["alias"] + mem["temp"] + mem["generated_code"]
+    out["memory"] = mem
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    xla = float(cost["flops"]) if cost and "flops" in cost else None
+    per_device = formula / cfg.devices
+    out["flops"] = {"xla_per_device": xla, "formula_per_device": per_device, "tokens_per_step": tokens,
+                    "ratio": xla / per_device if xla is not None else None}
+    loops = []
+    if cfg.model.scan_layers and cfg.model.n_layers > 1:
+        loops.append(f"model.scan_layers=true: 1 of {cfg.model.n_layers} blocks")
+    if cfg.train.grad_accum > 1:
+        loops.append(f"train.grad_accum={cfg.train.grad_accum}: 1 of {cfg.train.grad_accum} micro-batches")
+    if loops:
+        out["flops"]["loops_counted_once"] = loops
+        out["notes"].append(aot_mod.SCAN_NOTE.format(what="; ".join(loops)))
+    if cfg.model.remat != "none":
+        out["notes"].append(f"model.remat={cfg.model.remat}: XLA counts the recomputed forward, the formula does not")
+    if devices[0].platform == "cpu" and cfg.target != "local":
+        out["notes"].append("compiled for CPU devices: a GPU's compiler lays memory out differently")
+    return out
+
+
+def main(argv: List[str]) -> int:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    results = [compile_cell(config_mod.load_resolved(path)) for path in argv]
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
