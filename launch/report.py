@@ -116,10 +116,21 @@ def wall_time(startup: float, step: float, n: int) -> float:
     return startup + (n - 1) * step
 
 
+def variant(row: Dict[str, Any]) -> str:
+    """The sweep.extra part of a cell's name (`jax-d2-attention_document` -> `attention_document`), '' if none."""
+    parts = str(row.get("cell", "")).split("-", 2)
+    return parts[2] if len(parts) == 3 else ""
+
+
 def derive(rows: List[Dict[str, Any]], scaling: str, horizon: int) -> Dict[str, Any]:
+    """Scaling efficiency, JAX/PyTorch ratio, compile break-even and loss gap per device count. With
+    sweep.extra a framework has several cells per device count: these figures compare the cells of the
+    first extra combination (the sweep's first, `variant`); the workloads section compares the others."""
+    base_variant = variant(rows[0]) if rows else ""
+    rows = [r for r in rows if variant(r) == base_variant]
     ok = [r for r in rows if r["status"] == "ok" and r["tokens_per_s"]]
-    out: Dict[str, Any] = {"scaling": scaling, "horizon_steps": horizon, "efficiency": {}, "jax_over_torch": {},
-                           "break_even": {}, "loss_gap": {}}
+    out: Dict[str, Any] = {"scaling": scaling, "horizon_steps": horizon, "variant": base_variant or None,
+                           "efficiency": {}, "jax_over_torch": {}, "break_even": {}, "loss_gap": {}}
     for fw in sorted({r["framework"] for r in ok}):
         mine = sorted((r for r in ok if r["framework"] == fw), key=lambda r: r["devices"])
         base = mine[0]
@@ -281,6 +292,9 @@ def _markdown(doc: Dict[str, Any], rows: List[Dict[str, Any]]) -> str:
             L += ["", "On CPU the measured peak is the process's peak RSS: it includes the interpreter and libraries "
                   "(a few hundred MiB) and, with simulated devices, every device of the process."]
     L += ["", "## Scaling efficiency", ""]
+    if d.get("variant"):
+        L += [f"Scaling, JAX vs PyTorch and break-even compare the `{d['variant']}` cells (the sweep's first "
+              "`sweep.extra` combination); the other combinations are compared below under Workloads, when they are one.", ""]
     for fw, eff in d["efficiency"].items():
         L.append(f"- {fw}: " + ", ".join(f"{n} dev {100 * e:.0f}%" for n, e in sorted(eff.items())))
     L += ["", "## JAX vs PyTorch", ""]

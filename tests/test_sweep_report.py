@@ -215,3 +215,18 @@ def test_status_and_report_say_only_what_the_files_support(tmp_path):
     assert rows["torch-d1"]["error"] == "metrics lost or incomplete; the log says it finished at step 4"
     assert rows["jax-d2"]["status"] == "incomplete" and "step 3" in rows["jax-d2"]["error"]
     assert rows["jax-d1"]["status"] == "ok" and rows["jax-d1"]["error"] is None
+
+
+def test_comparisons_with_sweep_extra_use_one_combination(tmp_path):
+    """With sweep.extra a framework has several cells per device count: the JAX/PyTorch ratio must compare cells
+    of the same combination, not whichever cell came last."""
+    run = tmp_path / "run"
+    _cell(run, "jax-d1-remat_none", "jax", 1, _s(1000, 1, 40.0, 0.5))
+    _cell(run, "jax-d1-remat_full", "jax", 1, _s(100, 1, 40.0, 0.5))
+    _cell(run, "torch-d1-remat_none", "torch", 1, _s(500, 1, 10.0, 0.8))
+    _cell(run, "torch-d1-remat_full", "torch", 1, _s(400, 1, 10.0, 0.8))
+    (run / "sweep.json").write_text(json.dumps({"scaling": "weak", "cells": [
+        {"name": n} for n in ["jax-d1-remat_none", "jax-d1-remat_full", "torch-d1-remat_none", "torch-d1-remat_full"]]}))
+    doc = json.loads(report.write(run)["json"].read_text())
+    assert doc["derived"]["variant"] == "remat_none"
+    assert doc["derived"]["jax_over_torch"] == {"1": 2.0}
