@@ -21,7 +21,7 @@ denominator.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Dict, Optional
 
 from launch.params import count_params
 from launch.schema import ModelConfig
@@ -82,12 +82,18 @@ def flops_per_token(m: ModelConfig) -> int:
     return 6 * n + 12 * m.n_layers * m.seq_len * m.d_model
 
 
-def datasheet_peak(device_kind: str) -> Optional[float]:
+def _datasheet(table: Dict[str, Any], device_kind: str) -> Optional[Any]:
+    """The entry of `table` whose key the device kind string contains, the most specific (longest) key first."""
     kind = device_kind.lower()
-    for key in sorted(PEAK_FLOPS, key=len, reverse=True):
+    for key in sorted(table, key=len, reverse=True):
         if key in kind:
-            return PEAK_FLOPS[key]
+            return table[key]
     return None
+
+
+def datasheet_peak(device_kind: str) -> Optional[float]:
+    """Dense bf16 peak FLOP/s of one device for a device kind string, or None when unknown."""
+    return _datasheet(PEAK_FLOPS, device_kind)
 
 
 def mfu(tokens_per_s_per_device: float, m: ModelConfig, peak_flops_per_device: float) -> float:
@@ -96,8 +102,4 @@ def mfu(tokens_per_s_per_device: float, m: ModelConfig, peak_flops_per_device: f
 
 def datasheet_hbm(device_kind: str) -> Optional[int]:
     """Datasheet memory of one device (bytes) for a device kind string, or None when unknown."""
-    kind = device_kind.lower()
-    for key in sorted(HBM_BYTES, key=len, reverse=True):
-        if key in kind:
-            return HBM_BYTES[key]
-    return None
+    return _datasheet(HBM_BYTES, device_kind)

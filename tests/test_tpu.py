@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli, summary
+from conftest import ROOT, run_cli, summary, wait_for
 
 FAKE = ROOT / "tests" / "fake_gcloud"
 GCLOUD = FAKE / "gcloud"
@@ -455,15 +455,6 @@ def test_keep_true_keeps_the_slice(tmp_path, fake):
         fake.delete_vm(NODE)
 
 
-def _wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _launcher(tmp_path, fake, *extra, env=None):
     return subprocess.Popen([sys.executable, "-m", "launch", *_args(tmp_path, fake, *extra)], cwd=tmp_path,
                             env={**os.environ, **fake.env, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -477,7 +468,7 @@ def test_sigint_during_training_stops_the_workers_and_deletes_the_slice(tmp_path
     launcher = _launcher(tmp_path, fake, "train.steps=100000", "train.log_every=1")
     log0 = tmp_path / "runs" / "t" / CELL / "logs" / "worker-0.log"
     try:
-        _wait_for(lambda: log0.is_file() and re.search(r"step \d+/100000", log0.read_text()), 300, "training to start")
+        wait_for(lambda: log0.is_file() and re.search(r"step \d+/100000", log0.read_text()), 300, "training to start")
         launcher.send_signal(signal.SIGINT)
         out, err = launcher.communicate(timeout=120)
     finally:
@@ -515,7 +506,7 @@ def test_launcher_that_goes_away_is_reattached_by_status(tmp_path, fake):
     metrics.jsonl and the worker logs and deletes the slice; `scaleout logs` shows the whole run."""
     launcher = _launcher(tmp_path, fake)
     try:
-        _wait_for(lambda: any("setsid" in c[-1] for c in fake.calls()), 300, "the trainers to start")
+        wait_for(lambda: any("setsid" in c[-1] for c in fake.calls()), 300, "the trainers to start")
         local = [launcher.pid] + [p for p in _descendants(launcher.pid) if b"FAKE_TPU_NODE=" not in _environ(p)]
         kill_pids(local)
         launcher.wait(timeout=30)
@@ -552,7 +543,7 @@ def test_detached_cell_blocks_a_rerun_and_is_cancelled(tmp_path, fake):
     cell = tmp_path / "runs" / "t" / "jax-d4"
     log0 = cell / "logs" / "worker-0.log"
     try:
-        _wait_for(lambda: log0.is_file() and "step 1/100000" in log0.read_text(), 300, "training to start")
+        wait_for(lambda: log0.is_file() and "step 1/100000" in log0.read_text(), 300, "training to start")
         kill_pids([launcher.pid] + [p for p in _descendants(launcher.pid) if b"FAKE_TPU_NODE=" not in _environ(p)])
         launcher.wait(timeout=30)
     finally:
@@ -567,7 +558,7 @@ def test_detached_cell_blocks_a_rerun_and_is_cancelled(tmp_path, fake):
     assert c.returncode == 0, c.stdout + c.stderr
     assert "jax-d4: stopped the trainers on 1 worker(s); collected metrics.jsonl and the worker logs; deleted queued resource scaleout-t" in c.stdout
     assert fake.deleted() == [NODE]
-    _wait_for(lambda: fake.node_processes() == [], 10, "the trainers to end")
+    wait_for(lambda: fake.node_processes() == [], 10, "the trainers to end")
     assert _record(tmp_path, "jax-d4")["result"] == "CANCELLED"
     collected = log0.read_text()
     assert collected.startswith(streamed) and len(collected) > len(streamed), "the worker's whole log was not collected"
@@ -583,7 +574,7 @@ def test_ssh_going_away_does_not_stop_the_remote_command(tmp_path, fake):
                             "--command=echo $$ > remote.pid; exec sleep 300"], env={**os.environ, **fake.env},
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_for(lambda: pid_file.is_file() and pid_file.read_text().strip(), 30, "the remote command")
+        wait_for(lambda: pid_file.is_file() and pid_file.read_text().strip(), 30, "the remote command")
         remote = int(pid_file.read_text())
         ssh.terminate()
         ssh.wait(timeout=10)
@@ -593,4 +584,4 @@ def test_ssh_going_away_does_not_stop_the_remote_command(tmp_path, fake):
     finally:
         ssh.kill()
         fake.delete_vm("q-my-vm")  # the VM goes, and its processes with it
-    _wait_for(lambda: fake.node_processes("my-vm") == [], 10, "the deleted VM's processes to end")
+    wait_for(lambda: fake.node_processes("my-vm") == [], 10, "the deleted VM's processes to end")
