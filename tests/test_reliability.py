@@ -76,3 +76,29 @@ def test_torch_failure_shows_the_trainers_own_error(tmp_path):
     failure = p.stderr.split("cell torch-d2 failed", 1)[1]
     assert "injected crash at step 3" in failure, p.stderr[-3000:]
     assert "ChildFailedError" not in failure
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["jax", "torch"])
+def test_async_checkpoint_resume_gives_identical_weights(tmp_path, framework):
+    """With background saves (checkpoint.async=true, the default) a cell stopped after step 6 and rerun ends with the
+    same parameters as an uninterrupted run, to 1e-6 (issue 19 uncovered 1): the async save that stop_after
+    starts must be complete and committed before the process exits, and resume must read it."""
+    from conftest import run_cell, summary
+    base = [f"framework={framework}", "devices=2", "train.steps=10", "checkpoint.async=true", "checkpoint.every=3",
+            "checkpoint.keep=5"]
+    run_cell(tmp_path, *base, "run.name=ref")
+    _, first = run_cell(tmp_path, *base, "run.name=chunk", "train.stop_after=6")
+    assert summary(first)["status"] == "stopped" and summary(first)["steps"] == 6
+    _, second = run_cell(tmp_path, *base, "run.name=chunk")
+    assert summary(second)["resumed_from_step"] == 6 and summary(second)["steps"] == 10
+    ckpt = tmp_path / "ckpt"
+    if framework == "jax":
+        from jaxrun_helpers import final_params
+        ref, got = final_params(ckpt / "ref" / "jax-d2", 10), final_params(ckpt / "chunk" / "jax-d2", 10)
+    else:
+        from torch_helpers import load_dcp_model
+        ref, got = load_dcp_model(ckpt / "ref" / "torch-d2" / "step_10"), load_dcp_model(ckpt / "chunk" / "torch-d2" / "step_10")
+    assert ref.keys() == got.keys() and ref
+    for k in ref:
+        np.testing.assert_allclose(got[k], ref[k], rtol=1e-6, atol=0, err_msg=k)
