@@ -134,9 +134,12 @@ def test_run_refuses_a_finished_cell_with_other_math(tmp_path):
     assert run_cli(args, tmp_path).returncode == 0
     cell = tmp_path / "runs" / "r" / "jax-d1"
     config_before, metrics_before = (cell / "config.yaml").read_text(), (cell / "metrics.jsonl").read_text()
+    ckpt_before = sorted((str(p), p.stat().st_mtime_ns) for p in (cell / "checkpoints").rglob("*"))
+    assert ckpt_before
     p = run_cli([*args, "model.d_model=32"], tmp_path)
     assert p.returncode == 2 and "already holds cell jax-d1 with a different config" in p.stderr, p.stderr
     assert (cell / "config.yaml").read_text() == config_before and (cell / "metrics.jsonl").read_text() == metrics_before
+    assert sorted((str(p), p.stat().st_mtime_ns) for p in (cell / "checkpoints").rglob("*")) == ckpt_before
     p = run_cli(["status", str(tmp_path / "runs" / "r")], tmp_path)
     assert " ok " in p.stdout, p.stdout
 
