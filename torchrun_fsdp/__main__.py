@@ -12,6 +12,14 @@ import time
 from typing import Optional
 
 
+def _free_port() -> int:
+    """A port nothing listens on now: one process started by hand must not collide with another's store."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def setup_distributed(cfg) -> None:
     import torch
     import torch.distributed as dist
@@ -21,7 +29,7 @@ def setup_distributed(cfg) -> None:
     if not dist.is_initialized():
         if "RANK" not in os.environ:  # started by hand as one process
             os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                              MASTER_PORT=os.environ.get("MASTER_PORT", "29512"))
+                              MASTER_PORT=os.environ.get("MASTER_PORT") or str(_free_port()))
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend)
     if not torch.cuda.is_available():
