@@ -22,7 +22,7 @@ import contextlib
 import itertools
 import logging
 from pathlib import Path
-from typing import List, Sequence
+from typing import Any, Dict, List, Sequence
 
 from launch import config as config_mod
 from launch import files, rundir

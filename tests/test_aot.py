@@ -3,7 +3,6 @@ time and FLOPs of a cell's real train step, known before the cell runs."""
 
 import importlib.util
 import json
-import os
 import sys
 
 import pytest

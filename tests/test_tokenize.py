@@ -2,13 +2,11 @@
 sidecar, and the checks data.source=file makes with it."""
 
 import json
-import os
 
 import numpy as np
 import pytest
 
 from launch import config, corpus, tokenize
-from launch.config import ConfigError
 from launch.data import Batches
 
 TEXT = "Hello, world!\nThe quick brown fox — jumps over the lazy dog.  Tabs\tand ünïcödé 日本語 🙂\n\n  spaces  \n"
