@@ -18,6 +18,7 @@ from typing import Optional
 # latency-hiding scheduler overlaps FSDP's all-gathers and reduce-scatters with compute, as FSDP2's
 # prefetching does on the PyTorch side; without it the comparison is biased against JAX.
 GPU_XLA_FLAGS = ("--xla_gpu_enable_latency_hiding_scheduler=true",)
+PROFILE_XLA_FLAG = "--xla_cpu_enable_xprof_traceme=true"
 
 
 def gpu_host() -> bool:
@@ -26,12 +27,14 @@ def gpu_host() -> bool:
 
 def setup_xla_flags(cfg) -> None:
     """XLA_FLAGS before JAX starts a backend: the environment's, then the GPU defaults (on a GPU host,
-    unless a flag is already given), then `jax.xla_flags`. The result is recorded in metrics.jsonl."""
+    unless a flag is already given), the CPU op tracing flag when `profile.steps` is set, then `jax.xla_flags`. The result is recorded in metrics.jsonl."""
     given = os.environ.get("XLA_FLAGS", "")
     extra = cfg.jax.xla_flags or ""
     flags = [given]
     if gpu_host():
         flags += [f for f in GPU_XLA_FLAGS if f.split("=")[0] not in given + " " + extra]
+    if cfg.profile.steps and PROFILE_XLA_FLAG.split("=")[0] not in given + " " + extra:
+        flags.append(PROFILE_XLA_FLAG)  # XLA:CPU traces each executed op only with it (jaxrun.profile)
     flags.append(extra)
     os.environ["XLA_FLAGS"] = " ".join(f for f in flags if f)
 

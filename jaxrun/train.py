@@ -12,6 +12,7 @@ Conventions shared with the PyTorch trainer (they keep the loss curves equal):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import time
@@ -30,6 +31,7 @@ from launch.params import init_param, init_stacked, param_table
 from launch.schema import Config
 from jaxrun import checkpoint, mesh as mesh_mod
 from jaxrun.model import Transformer, cross_entropy
+from jaxrun.profile import JaxCapture
 
 CLIP_EPS = 1e-6
 # model.matmul_precision -> jax_default_matmul_precision. JAX's own default lets fp32 matmuls run
@@ -136,6 +138,7 @@ class JaxEngine:
         self.compiled = None
         self._any_fn = None
         self._eval_fn = None  # jitted on the first evaluation
+        self.capture = None  # the profiler while profile.steps runs (launch.profile)
         self.ckpt = checkpoint.Checkpointer(cfg, self.abstract_state())
 
     # ------------------------------------------------------------------ Engine
@@ -194,8 +197,14 @@ class JaxEngine:
         return tuple(jax.make_array_from_callback(shape, self.batch_sh, lambda idx, i=i: rows(idx)[i])
                      for i in range(4 if documents else 2))
 
+    def profiler(self, directory: Path) -> JaxCapture:
+        """A `jax.profiler` capture of the train step on this process's first device (launch.profile)."""
+        self.capture = JaxCapture(directory, self.compiled, self.mesh.local_devices[0])
+        return self.capture
+
     def train_step(self, step: int, lr: float):
-        inputs, targets, *doc = self._batch(step)
+        with self.capture.data() if self.capture else contextlib.nullcontext():
+            inputs, targets, *doc = self._batch(step)
         self.params, self.opt_state, loss, gnorm = self.compiled(self.params, self.opt_state, inputs, targets, np.float32(lr),
                                                                  *([tuple(doc)] if doc else []))
         return _scalar(loss), _scalar(gnorm)

@@ -384,6 +384,11 @@ def validate(cfg: Config) -> None:
     t = cfg.train
     if t.stop_after is not None and not 0 < t.stop_after <= t.steps:
         raise ConfigError(f"train.stop_after={t.stop_after} is not valid: it must be between 1 and train.steps={t.steps}, or null.")
+    if cfg.profile.steps:
+        p = list(cfg.profile.steps)
+        if len(p) != 2 or p[0] > p[1] or p[1] > t.steps:
+            raise ConfigError(f"profile.steps={_show(p)} is not valid: give [START, END] with 1 <= START <= END <= "
+                              f"train.steps={t.steps}, e.g. [5, 7], or [] for no profiling.")
     m = cfg.model
     if m.d_model % m.n_heads:
         raise ConfigError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}; pick n_heads that divides d_model.")

@@ -7,7 +7,9 @@ A trainer provides the framework parts (`Engine`); this module owns the schedule
   when it began, and the time from process start to the end of the first step;
 - `CheckpointCadence`: which steps save (every `checkpoint.every`, and the last);
 - `SummaryBuilder` with `Timing`: the `summary` record, from the step times, losses, compile time
-  and peak FLOP/s, plus the engine's memory figures.
+  and peak FLOP/s, plus the engine's memory figures;
+- `Profiling`: the `profile.steps` window: the framework's profiler around those steps, which are
+  left out of the steady-state timing, and the `profile` record with the step-time breakdown.
 
 Besides those, `run` handles `train.stop_after`, a stop request (`launch.engine.Stopper`, taken
 by all processes together), the non-finite-loss stop and fault injection for tests. How a trainer
@@ -17,6 +19,7 @@ count completed optimizer steps: the record `step: 1` is the first update.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -28,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Protocol
 
 from launch import config as config_mod
-from launch import envvars, files, flops, metrics
+from launch import envvars, files, flops, metrics, profile
 from launch.params import count_params
 from launch.schema import Config, TrainConfig
 
@@ -71,6 +74,7 @@ class Engine(Protocol):
     def bytes_per_device(self) -> Dict[str, int]: ...
     def peak_memory_bytes(self) -> int: ...
     def versions(self) -> Dict[str, str]: ...
+    def profiler(self, directory: Path) -> profile.Capture: ...  # the framework's profiler over profile.steps
 
 
 class StopRequest(Protocol):
@@ -136,7 +140,8 @@ class StepTimer:
 
     def __init__(self, process_start: float):
         self.process_start = process_start
-        self.durations: List[float] = []  # steps whose result counted (finite loss)
+        self.durations: List[float] = []  # steps whose result counted (finite loss, not profiled)
+        self.kept_starts: List[float] = []  # perf_counter at the start of each of those
         self.starts: List[float] = []  # perf_counter at the start of every step taken
         self.time_to_first_step_s: Optional[float] = None
         self.loop_end: Optional[float] = None  # the last step's end, before the final save
@@ -156,6 +161,7 @@ class StepTimer:
 
     def keep(self, seconds: float) -> None:
         self.durations.append(seconds)
+        self.kept_starts.append(self._t0)
 
     def end_loop(self) -> None:
         self.loop_end = time.perf_counter()  # the final save and its wait are not part of the loop's rate
@@ -165,8 +171,9 @@ class StepTimer:
         n = len(metrics.steady(self.durations, warmup_exclude))
         if not n or self.loop_end is None:
             return None
-        paused = sum(s for t0, s in self.pauses if t0 >= self.starts[-n])
-        return tokens_per_step * n / (self.loop_end - self.starts[-n] - paused)
+        first = self.kept_starts[-n]
+        paused = sum(s for t0, s in self.pauses if t0 >= first)
+        return tokens_per_step * n / (self.loop_end - first - paused)
 
 
 @dataclass
@@ -255,6 +262,76 @@ def timing_fields(timing: Timing, cfg: Config) -> Dict[str, Any]:
     }
 
 
+class Profiling:
+    """The `profile.steps` window: start the engine's profiler before its first step, a span around
+    each traced step, stop and break the trace down after its last (or when the loop ends early).
+    Traced steps count nowhere in the steady-state timing (every process leaves them out, traced
+    or not); their time and the profiler's own are pauses of the loop's rate."""
+
+    def __init__(self, engine: Engine, cfg: Config, cell_dir: Path, timer: StepTimer, w: "metrics.MetricsWriter"):
+        self.engine, self.cell_dir, self.timer, self.w = engine, cell_dir, timer, w
+        self.window = profile.Window.of(cfg)
+        self.capture: Optional[profile.Capture] = None
+        self.measured: Dict[int, float] = {}
+        self.overhead_s = 0.0
+
+    def covers(self, step: int) -> bool:
+        return bool(self.window and self.window.covers(step))
+
+    def before(self, step: int) -> None:
+        """Step `step` is about to run: start the capture if it is the window's first step here."""
+        win = self.window
+        if (win and self.capture is None and win.covers(step) and not self.measured
+                and win.traced_by(self.engine.process_index)):
+            t0 = time.perf_counter()
+            self.capture = self.engine.profiler(profile.process_dir(self.cell_dir, self.engine.process_index))
+            self.capture.start()
+            self._pause(t0)
+
+    def span(self, step: int):
+        return self.capture.step(step) if self.capture is not None and self.covers(step) else contextlib.nullcontext()
+
+    def after(self, step: int, seconds: float, last: bool) -> None:
+        """Step `step` took `seconds`; stop after the window's last step, or the loop's."""
+        if self.covers(step):
+            self.measured[step] = seconds
+            self.timer.pauses.append((self.timer.starts[-1], seconds))
+        if self.capture is not None and (step == self.window.end or last):
+            self.finish()
+
+    def finish(self) -> None:
+        """Stop the capture, write its trace and the `profile` record. A profiler that fails costs
+        the record an `error`, never the training run."""
+        capture, self.capture = self.capture, None
+        if capture is None:
+            return
+        t0 = time.perf_counter()
+        rel = lambda p: str(Path(p).relative_to(self.cell_dir))  # noqa: E731
+        rec: Dict[str, Any] = {"process": self.engine.process_index, "steps": sorted(self.measured),
+                               "dir": rel(capture.directory), "files": [], "breakdown": [], "error": None}
+        try:
+            rec["files"] = [rel(f) for f in capture.stop()]
+            rows = capture.breakdown()
+            for row in rows:
+                row["measured_s"] = self.measured.get(row["step"])
+            rec["breakdown"] = rows
+            rec["mean"] = profile.mean_breakdown([r for r in rows if r["measured_s"] is not None])
+        except Exception as e:  # noqa: BLE001 - profiling is an observer
+            rec["error"] = f"{type(e).__name__}: {e}"
+            log.warning(f"profile of steps {rec['steps']} failed: {rec['error']}")
+        rec["overhead_s"] = self._pause(t0)
+        profile.write_breakdown(capture.directory, rec)
+        self.w.write("profile", **rec)
+        if self.engine.process_index == 0 and not rec["error"]:
+            log.info(f"profiled steps {rec['steps']}: trace in {self.cell_dir / rec['dir']} ({rec['overhead_s']:.1f} s to write and read)")
+
+    def _pause(self, t0: float) -> float:
+        seconds = time.perf_counter() - t0
+        self.timer.pauses.append((t0, seconds))
+        self.overhead_s += seconds
+        return seconds
+
+
 # --------------------------------------------------------------------------- the loop
 
 def evaluate(engine: Engine, cfg: Config, step: int, w: "metrics.MetricsWriter", summary: SummaryBuilder,
@@ -306,6 +383,7 @@ def run(engine: Engine, cfg: Config, cell_dir: Path, *, process_start: float, st
     timer = StepTimer(process_start)
     timing = Timing(step_times=timer.durations)
     cadence = CheckpointCadence(cfg.checkpoint.every)
+    profiling = Profiling(engine, cfg, cell_dir, timer, w)
     fault = Fault.from_env()
     if fault and not fault.applies(engine.process_index, cell_dir.name):
         fault = None
@@ -334,26 +412,32 @@ def run(engine: Engine, cfg: Config, cell_dir: Path, *, process_start: float, st
             if fault:
                 fault.before_step(done, lambda: stopper.requested is not None)
             lr = lr_at(step, t)
+            profiling.before(done)
             timer.start()
-            loss, gnorm = engine.train_step(step, lr)
+            with profiling.span(done):
+                loss, gnorm = engine.train_step(step, lr)
             dt = timer.stop()
             if fault:
                 loss = fault.loss(done, loss)
             timing.time_to_first_step_s = timer.time_to_first_step_s
             if not math.isfinite(loss):
                 raise NonFiniteLoss(f"loss is {loss} at step {done}; stopped without saving, the last good checkpoint is kept")
-            timer.keep(dt)
+            profiled = profiling.covers(done)
+            if not profiled:  # a traced step is slower: not part of the steady state
+                timer.keep(dt)
             timing.losses.append(loss)
             summary["steps"] = done
-            if main and (done % t.log_every == 0 or done == stop):
+            if main and (done % t.log_every == 0 or done == stop or profiled):
                 tps = tokens_per_step / dt
                 w.write("step", step=done, loss=loss, grad_norm=gnorm, lr=lr, step_time_s=dt,
                         tokens_per_s=tps, tokens_per_s_per_device=tps / cfg.devices,
-                        mfu=flops.mfu(tps / cfg.devices, cfg.model, peak) if peak else None)
+                        mfu=flops.mfu(tps / cfg.devices, cfg.model, peak) if peak else None,
+                        **({"profiled": True} if profiled else {}))
             if main and (done % print_every == 0 or done in (start + 1, stop)):
                 log.info(f"step {done}/{t.steps} loss {loss:.4f} grad_norm {gnorm:.3f} lr {lr:.2e} {dt * 1000:.1f} ms")
             stop_now = stop_requested(engine, stopper)
             last = done == stop or stop_now
+            profiling.after(done, dt, last)
             if last:
                 timer.end_loop()
             if t.eval_every and (done % t.eval_every == 0 or last):
@@ -365,6 +449,9 @@ def run(engine: Engine, cfg: Config, cell_dir: Path, *, process_start: float, st
             if stop_now:
                 summary["stopped_by"] = stopper.requested or "peer"
                 break
+        profiling.finish()  # the loop ended inside the window
+        if profiling.measured:
+            summary["profiled_steps"] = sorted(profiling.measured)
         if not timing.compile_s and engine.lazy_compile_s:
             timing.compile_s = engine.lazy_compile_s  # torch.compile: traced and compiled inside the first step
             w.write("compile", seconds=timing.compile_s)

@@ -176,6 +176,16 @@ class MetricsConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """Profiler traces of a window of steps per cell, and the step-time breakdown the report shows."""
+
+    steps: List[int] = setting([], "[START, END]: trace steps START..END (inclusive, counted from 1) of every cell "
+                               "under CELL/profile/ and leave them out of the steady-state timing; [] traces nothing",
+                               ge=1)
+    all_processes: bool = setting(False, "trace every process/rank/worker (profile/process-<i>/); false: process 0 only")
+
+
+@dataclass
 class JaxConfig:
     """framework=jax."""
 
@@ -298,6 +308,7 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
     local: LocalConfig = field(default_factory=LocalConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
     jax: JaxConfig = field(default_factory=JaxConfig)
     torch: TorchConfig = field(default_factory=TorchConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)

@@ -28,6 +28,7 @@ from launch.schema import Config
 from torchrun_fsdp import parallel
 from torchrun_fsdp.checkpoint import Checkpointer
 from torchrun_fsdp.model import Transformer, cross_entropy
+from torchrun_fsdp.profile import TorchCapture
 
 
 # model.matmul_precision -> torch.set_float32_matmul_precision (`high` allows TF32), the same
@@ -85,6 +86,7 @@ class TorchEngine:
         dp = self.world
         self.rows_per_rank = t.global_batch // dp
         self.ckpt = Checkpointer(cfg, self.model, self.optimizer, self.rank)
+        self.capture = None  # the profiler while profile.steps runs (launch.profile)
 
     def _init_weights(self) -> None:
         m, seed = self.cfg.model, self.cfg.train.seed
@@ -102,10 +104,14 @@ class TorchEngine:
     def restore(self) -> int:
         return self.ckpt.restore_latest()
 
-    def train_step(self, step: int, lr: float):
-        t = self.cfg.train
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
+    def profiler(self, directory: Path) -> TorchCapture:
+        """A `torch.profiler` capture of this rank's steps (launch.profile)."""
+        self.capture = TorchCapture(directory, self.rank, self.device)
+        return self.capture
+
+    def _batch(self, step: int):
+        """This rank's rows of the batch of `step` on the device: inputs, targets and (with
+        model.attention=document) {segment_ids, positions}."""
         start = self.rank * self.rows_per_rank
         doc = {}
         if self.cfg.model.attention == "document":
@@ -117,6 +123,14 @@ class TorchEngine:
             inputs, targets = self.data.split(step, start, start + self.rows_per_rank)
         inputs = torch.from_numpy(inputs.astype(np.int64)).to(self.device)
         targets = torch.from_numpy(targets.astype(np.int64)).to(self.device)
+        return inputs, targets, doc
+
+    def train_step(self, step: int, lr: float):
+        t = self.cfg.train
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        with self.capture.data() if self.capture else contextlib.nullcontext():
+            inputs, targets, doc = self._batch(step)
         accum = t.grad_accum
         loss_sum = torch.zeros((), device=self.device)
         t0 = time.perf_counter()

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from launch import config as config_mod
-from launch import files
+from launch import files, profile
 from launch.config import ConfigError
 from launch.files import CONFIG_NAME, METRICS_NAME
 from launch.schema import Config
@@ -133,6 +133,8 @@ def plan_commands(cfg: Config, cell_dir: Path) -> List[str]:
     out += [shlex.join(c.follow(i, job)) + "   # concurrently for every worker, reconnecting from the last byte received"
             for i in range(s.workers)]
     out.append(shlex.join(c.copy_back(f"{c.remote_cell}/{METRICS_NAME}", str(cell_dir / METRICS_NAME))))
+    out += [shlex.join(c.copy_back(f"{c.remote_cell}/{profile.PROFILE_DIR}", str(cell_dir), worker=i, recurse=True))
+            for i in profile_workers(cfg, s.workers)]
     if cfg.tpu.mode == "queued" and not cfg.tpu.keep:
         out.append(shlex.join(c.delete()))
     return out
@@ -308,6 +310,22 @@ def copy_metrics_back(c: Commands, cell_dir: Path) -> None:
         log.warning(f"could not copy metrics.jsonl back from worker 0: {(p.stderr or '').strip()[-300:]}")
 
 
+def profile_workers(cfg: Config, workers: int) -> List[int]:
+    """The workers whose trainers trace `profile.steps` (process i runs on worker i)."""
+    if not cfg.profile.steps:
+        return []
+    return list(range(workers)) if cfg.profile.all_processes else [0]
+
+
+def copy_profile_back(c: Commands, cfg: Config, cell_dir: Path, workers: int) -> None:
+    """CELL/profile/ from each worker that traced (a worker that never reached the window has none)."""
+    for i in profile_workers(cfg, workers):
+        p = subprocess.run(c.copy_back(f"{c.remote_cell}/{profile.PROFILE_DIR}", str(cell_dir), worker=i, recurse=True),
+                           capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
+        if p.returncode:
+            log.warning(f"could not copy worker {i}'s profile back: {(p.stderr or '').strip()[-300:]}")
+
+
 def stop_workers(c: Commands, job: str) -> None:
     try:
         _run(c.stop(job), "stopping the trainers on the workers", timeout=300)
@@ -386,6 +404,7 @@ def run_cell(cell: Cell) -> Outcome:
         _run(c.start(job), "starting the trainers on the workers", timeout=300)
         r = follow_workers(c, job, s.workers, cell_dir, cfg)
         copy_metrics_back(c, cell_dir)
+        copy_profile_back(c, cfg, cell_dir, s.workers)
         if r.returncode:
             i = int(r.failed.rsplit("-", 1)[1])
             how = _describe_status(r.returncode)
@@ -406,6 +425,7 @@ def run_cell(cell: Cell) -> Outcome:
                 log.info("interrupted: stopping the trainers on the workers")
                 stop_workers(c, rec.job)
                 copy_metrics_back(c, cell_dir)
+                copy_profile_back(c, cfg, cell_dir, s.workers)
                 collect_logs(c, rec, cell_dir)
             deleted = True
             if rec.created and not cfg.tpu.keep:
@@ -465,8 +485,9 @@ def _finish(cell_dir: Path, rec: Record, result: str, stop: bool = False) -> Lis
             stop_workers(c, rec.job)
             done.append(f"stopped the trainers on {rec.workers} worker(s)")
         copy_metrics_back(c, cell_dir)
+        copy_profile_back(c, cfg, cell_dir, int(rec.workers or 0))
         collect_logs(c, rec, cell_dir)
-        done.append("collected metrics.jsonl and the worker logs")
+        done.append("collected metrics.jsonl, the worker logs" + (" and the profile" if cfg.profile.steps else ""))
     deleted = False
     if rec.created and not rec.keep:
         deleted = delete_queued(c, cfg)

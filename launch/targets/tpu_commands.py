@@ -136,8 +136,9 @@ class Commands:
     def scp_to_all(self, local: str) -> List[str]:
         return self.tpus("tpu-vm", "scp", local, f"{self.node}:{self.archive}", "--worker=all", *self.scope())
 
-    def copy_back(self, remote: str, local: str, worker: int = 0) -> List[str]:
-        return self.tpus("tpu-vm", "scp", f"{self.node}:{remote}", local, f"--worker={worker}", *self.scope())
+    def copy_back(self, remote: str, local: str, worker: int = 0, recurse: bool = False) -> List[str]:
+        return self.tpus("tpu-vm", "scp", f"{self.node}:{remote}", local, f"--worker={worker}", *self.scope(),
+                         *(["--recurse"] if recurse else []))
 
     # ------------------------------------------------------------------ remote scripts
 
