@@ -455,6 +455,33 @@ def test_keep_true_keeps_the_slice(tmp_path, fake):
         fake.delete_vm(NODE)
 
 
+@pytest.mark.slow
+def test_profile_of_every_worker_is_copied_back(tmp_path, fake):
+    """profile.steps on a 2-worker slice with profile.all_processes: each worker traces its own
+    process, and the launcher brings both traces back next to the metrics (scp --recurse, which the
+    emulation, like gcloud, requires for a directory)."""
+    p = run_cli(_args(tmp_path, fake, "devices=8", "train.steps=4", "profile.steps=[2,3]", "profile.all_processes=true"),
+                cwd=tmp_path, env=fake.env, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    scps = [c for c in fake.calls() if c[2:4] == ["tpu-vm", "scp"] and "--recurse" in c]
+    assert sorted(next(a for a in c if a.startswith("--worker=")) for c in scps) == ["--worker=0", "--worker=1"]
+    cell = tmp_path / "runs" / "t" / CELL
+    for i in (0, 1):
+        assert next((cell / "profile" / f"process-{i}").glob("plugins/profile/*/perfetto_trace.json.gz")).stat().st_size > 0
+        assert json.loads((cell / "profile" / f"process-{i}" / "breakdown.json").read_text())["steps"] == [2, 3]
+    recs = [json.loads(line) for line in (cell / "metrics.jsonl").read_text().splitlines()]
+    [rec] = [r for r in recs if r["kind"] == "profile"]
+    assert rec["error"] is None and rec["steps"] == [2, 3] and len(rec["breakdown"]) == 2
+    assert summary(recs)["profiled_steps"] == [2, 3]
+
+
+def test_plan_shows_the_profile_copy_back(scaleout):
+    code, out, err = scaleout("plan", "target=tpu", "devices=8", "tpu.generation=v4", "profile.steps=[2,3]")
+    assert code == 0, err
+    lines = [line for line in out.splitlines() if "--recurse" in line]
+    assert len(lines) == 1 and "/profile" in lines[0] and "--worker=0" in lines[0]
+
+
 def _launcher(tmp_path, fake, *extra, env=None):
     return subprocess.Popen([sys.executable, "-m", "launch", *_args(tmp_path, fake, *extra)], cwd=tmp_path,
                             env={**os.environ, **fake.env, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
