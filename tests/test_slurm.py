@@ -133,7 +133,8 @@ def test_sweep_of_four_cells_as_job_arrays(cluster, tmp_path):
     marks.mkdir()
     setup = f'slurm.setup=["touch {marks}/setup-ran", "echo $(touch {marks}/pwned1); touch {marks}/pwned2"]'
     p = run_cli(["sweep", *_args(tmp_path, "sweep.devices=[1,2]", "train.steps=8", "run.name=arr", "slurm.wait=true",
-                                 "checkpoint.async=false", setup)], cwd=tmp_path, timeout=900)
+                                 "checkpoint.async=false", "profile.steps=[5,6]", "profile.all_processes=true", setup)],
+                cwd=tmp_path, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     run = tmp_path / "runs" / "arr"
     jobs = json.loads((run / "jobs.json").read_text())["cells"]
@@ -149,6 +150,11 @@ def test_sweep_of_four_cells_as_job_arrays(cluster, tmp_path):
         s = summary(recs)
         assert s["status"] == "ok" and s["steps"] == 8, (name, s)
         assert s["processes"] == (2 if name.endswith("d2") else 1), (name, s)
+        # every task traced its steps 5-6 into the cell on the shared filesystem
+        assert s["profiled_steps"] == [5, 6], (name, s)
+        assert [r["error"] for r in recs if r["kind"] == "profile"] == [None], name
+        for i in range(s["processes"]):
+            assert json.loads((run / name / "profile" / f"process-{i}" / "breakdown.json").read_text())["steps"] == [5, 6]
     states, _ = _status(tmp_path, "arr")
     assert all(" ok " in line and "step 8/8" in line for line in states.values()), states
     assert (marks / "setup-ran").exists()
