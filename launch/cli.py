@@ -1,4 +1,4 @@
-"""The `scaleout` command line. Verbs: plan, run, sweep, report, status, logs, cancel, prepare-data, export.
+"""The `scaleout` command line. Verbs: plan, run, sweep, report, status, logs, cancel, prepare-data, export, trace.
 
 Every verb takes config overrides as `key=value` words (`model=300m train.steps=50`) and
 `--config FILE` (repeatable). A mistake in the config is one sentence on stderr and exit code 2;
@@ -168,6 +168,41 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_trace(args: argparse.Namespace) -> int:
+    """Serve a cell's trace to the Perfetto UI until Ctrl-C (see launch.trace)."""
+    import shlex
+    from launch import trace
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port {args.port} is not a TCP port; give one from 1024 to 65535 (default {trace.DEFAULT_PORT}; 0: any free one).")
+    try:
+        path = trace.find(args.path)
+        server = trace.TraceServer(path, args.port)
+    except trace.TraceError as e:
+        raise UserError(str(e)) from None
+    try:
+        print(f"serving {path} at {server.url}")
+        if path.name == trace.JAX_TRACE:
+            print(f"XProf view of the same capture: xprof --logdir={shlex.quote(str(trace.xprof_logdir(path)))}")
+        print(f"open in Perfetto: {server.link}")
+        if server.port != trace.DEFAULT_PORT:
+            print(f"(ui.perfetto.dev fetches only from port {trace.DEFAULT_PORT}; if it refuses, free that port, or download "
+                  "the file and use the UI's 'Open trace file')")
+        if args.no_browser or not trace.open_browser(server.link):
+            print(f"open the link in a browser on this machine; from another one, forward the port first: "
+                  f"ssh -L {server.port}:127.0.0.1:{server.port} {os.uname().nodename}")
+        print("Ctrl-C stops serving", flush=True)
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with SIGINT ignored (`&`)
+        try:
+            server.serve_forever()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+    except KeyboardInterrupt:
+        print("stopped serving", flush=True)
+    finally:
+        server.server_close()
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="scaleout", description="Launch the same transformer as a JAX or PyTorch FSDP2 job and report how both scale.")
     ap.add_argument("-q", "--quiet", action="count", default=0, help="only warnings and errors")
@@ -228,6 +263,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="largest safetensors file; more weights go into shards with an index (default 5GB)")
     p.add_argument("--force", action="store_true", help="replace the model files of an OUT_DIR that is not empty")
     p.set_defaults(func=cmd_export)
+    p = sub.add_parser("trace", help="serve a cell's profiler trace (profile.steps) to the Perfetto UI and print its link")
+    p.add_argument("path", type=Path, metavar="PATH",
+                   help="a cell directory (process 0's trace), its profile/process-<i> directory, or a trace file")
+    p.add_argument("--port", type=int, default=9001,
+                   help="the port on 127.0.0.1 to serve from (default 9001, the one ui.perfetto.dev may fetch from)")
+    p.add_argument("--no-browser", action="store_true", help="print the link only; do not open a browser")
+    p.set_defaults(func=cmd_trace)
     return ap
 
 

@@ -1,7 +1,8 @@
 """`scaleout report RUN_DIR`: the scaling report, from the run directory alone.
 
 Writes report.md, report.json, report.csv and PNG plots (throughput per device, scaling
-efficiency, loss curves, start-up cost). Definitions:
+efficiency, loss curves, start-up cost; with profile.steps, the step-time breakdown of
+`launch.report_profile`). Definitions:
 
 - start-up cost: `time_to_first_step_s`, from process start to the end of the first step; it
   contains compilation (XLA for JAX; torch.compile when enabled), initialisation and restore.
@@ -25,7 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from omegaconf import OmegaConf
 
-from launch import files
+from launch import files, report_profile
 from launch.aot import ESTIMATE_NAME  # <cell>/estimate.json of a run with plan.check_fit
 from launch.files import CONFIG_NAME, LOGS_DIR, METRICS_NAME, SWEEP_FILE
 from launch.status import cell_dirs
@@ -97,6 +98,9 @@ def load_cell(cell_dir: Path) -> Dict[str, Any]:
     row["_loss"] = sorted(steps.items())
     row["_eval"] = sorted(evals.items())
     row["_start"] = starts[-1] if starts else {}
+    profiles = [r for r in recs if r.get("kind") == "profile"]  # profile.steps: the traced window's breakdown
+    row["_profile"] = profiles[-1] if profiles else None
+    row["_profiled_steps"] = s.get("profiled_steps") if s else None
     row["_cfg"] = cfg
     return row
 
@@ -231,12 +235,14 @@ def write(run_dir: Path) -> Dict[str, Any]:
     horizon = int(rows[0]["_cfg"]["report"]["horizon_steps"])
     derived = derive(rows, scaling, horizon)
     hw = hardware(rows)
-    plots = _plots(run_dir, rows, derived)
+    profiled = report_profile.entries(run_dir, rows)
+    plots = _plots(run_dir, rows, derived, profiled)
     public = [{k: r.get(k) for k in ROW_FIELDS} for r in rows]
     doc = {"run_dir": str(run_dir), "model": rows[0]["_cfg"]["model"]["name"], "hardware": hw, "cells": public,
            "derived": derived, "plots": [p.name for p in plots], "workloads": workloads(rows),
            "loss_curves": {r["cell"]: r["_loss"] for r in rows},
-           "eval_loss_curves": {r["cell"]: r["_eval"] for r in rows if r.get("_eval")}}
+           "eval_loss_curves": {r["cell"]: r["_eval"] for r in rows if r.get("_eval")},
+           "profile": {e["cell"]: e for e in profiled}}
     files.atomic_write(run_dir / "report.json", json.dumps(doc, indent=2, default=str))
     table = io.StringIO()
     w = csv.DictWriter(table, fieldnames=ROW_FIELDS)
@@ -333,14 +339,16 @@ def _markdown(doc: Dict[str, Any], rows: List[Dict[str, Any]]) -> str:
             L.append(f"| {axis} | {w['framework']} | {w['devices']} | {w['cell']} | {w['baseline_cell']} | "
                      f"{w['throughput_ratio']:.3f}x | {_delta(w['compile_s'])} | {_delta(w['first_step_s'])} | "
                      f"{w['document_mask_impl'] or '-'} |")
-    L += ["", "## Plots", ""] + [f"![{p}]({p})" for p in doc["plots"]]
+    breakdown = report_profile.PLOT_NAME if report_profile.PLOT_NAME in doc["plots"] else None
+    L += report_profile.markdown(list(doc["profile"].values()), breakdown)
+    L += ["", "## Plots", ""] + [f"![{p}]({p})" for p in doc["plots"] if p != breakdown]
     L += ["", "Start-up cost is the time from process start to the end of the first step (compilation included); "
           "wall time of n steps = start-up + (n-1) x mean step time. Steady-state figures exclude the first "
-          "`train.warmup_exclude` steps.", ""]
+          "`train.warmup_exclude` steps" + (" and the profiled steps (`profile.steps`)." if doc["profile"] else "."), ""]
     return "\n".join(L)
 
 
-def _plots(run_dir: Path, rows: List[Dict[str, Any]], d: Dict[str, Any]) -> List[Path]:
+def _plots(run_dir: Path, rows: List[Dict[str, Any]], d: Dict[str, Any], profiled: List[Dict[str, Any]]) -> List[Path]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -392,6 +400,9 @@ def _plots(run_dir: Path, rows: List[Dict[str, Any]], d: Dict[str, Any]) -> List
     ax.set(ylabel="seconds", title="Start-up cost per cell")
     ax.legend()
     out.append(_save(fig, run_dir / "startup.png"))
+
+    if profiled:
+        out.append(report_profile.plot(run_dir, profiled, _save))
     return out
 
 
