@@ -48,7 +48,8 @@ def trainer(work: Path, name: str, *overrides: str, env: Dict[str, str] | None =
         raise RuntimeError(f"{name} failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
     cell = next(l.split("cell ", 1)[1].split(":", 1)[0] for l in p.stdout.splitlines() if l.startswith("[scaleout] cell "))
     recs = [json.loads(l) for l in (work / "runs" / name / cell / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in recs if r["kind"] == "summary"][-1]
+    start = next((r for r in recs if r["kind"] == "start"), {})
+    return {"settings": start.get("settings", {}), **[r for r in recs if r["kind"] == "summary"][-1]}
 
 
 def reference(framework: str, steps: int) -> float:
@@ -171,23 +172,37 @@ def machine() -> Dict[str, Any]:
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "versions": versions}
 
 
-def record(res: Dict[str, Any], argv: List[str]) -> None:
+def machine_line() -> str:
+    """The "Machine: <cpu>, <n> cores, no accelerator; Python ...; <versions>" line of a history entry."""
     m = machine()
-    v = verdicts(res)
-    lines = [f"\n## {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC — `python -m bench {' '.join(argv)}`\n",
-             f"Machine: {m['cpu']}, {m['cores']} cores, no accelerator; Python {m['python']}; " +
-             ", ".join(f"{k} {x}" for k, x in m["versions"].items()) + f". Medians of {res['repeats']} repeats, {res['steps']} steps each.\n",
-             "| key | value | target |", "|---|---|---|"]
-    for key in TARGETS:
-        lines.append(f"| `{key}` | {res[key]:.3f} | {v[key]} |")
-    extra = {k: x for k, x in res.items() if k not in TARGETS and k not in ("repeats", "steps", "quick")}
-    lines.append("\nAlso measured: " + ", ".join(f"`{k}` {x:.4g}" for k, x in extra.items()) + "\n")
+    return (f"Machine: {m['cpu']}, {m['cores']} cores, no accelerator; Python {m['python']}; " +
+            ", ".join(f"{k} {x}" for k, x in m["versions"].items()))
+
+
+def heading(command: str) -> str:
+    return f"\n## {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC — `{command}`\n"
+
+
+def append_history(lines: List[str]) -> None:
+    """Append an entry to the history at the end of BENCHMARKS.md (newest last)."""
     path = ROOT / "BENCHMARKS.md"
     text = path.read_text() if path.exists() else ""
     marker = "<!-- history: newest last -->"
     if marker not in text:
         text = text.rstrip() + f"\n\n# History\n\n{marker}\n"
     path.write_text(text + "\n".join(lines))
+
+
+def record(res: Dict[str, Any], argv: List[str]) -> None:
+    v = verdicts(res)
+    lines = [heading(f"python -m bench {' '.join(argv)}"),
+             machine_line() + f". Medians of {res['repeats']} repeats, {res['steps']} steps each.\n",
+             "| key | value | target |", "|---|---|---|"]
+    for key in TARGETS:
+        lines.append(f"| `{key}` | {res[key]:.3f} | {v[key]} |")
+    extra = {k: x for k, x in res.items() if k not in TARGETS and k not in ("repeats", "steps", "quick")}
+    lines.append("\nAlso measured: " + ", ".join(f"`{k}` {x:.4g}" for k, x in extra.items()) + "\n")
+    append_history(lines)
 
 
 def main(argv: List[str] | None = None) -> int:
