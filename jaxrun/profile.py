@@ -99,7 +99,9 @@ class JaxCapture:
         self.text = compiled.as_text()
         self.module = module_name(self.text)
         self.categories = hlo_categories(self.text)
-        self.ordinal = str(getattr(device, "local_hardware_id", None) or getattr(device, "id", 0) or 0)
+        local = getattr(device, "local_hardware_id", None)  # the n of /device:GPU:n on this host; 0 is a valid one
+        self.names = {str(x) for x in (local, device.id) if x is not None}  # how the trace may name this device
+        self.ordinal = str(local if local is not None else device.id)
         self.device_kind = device.platform
         self.active = False
         self.files: List[Path] = []
@@ -137,7 +139,18 @@ class JaxCapture:
             m = re.match(r"/device:(?:GPU|TPU):(\d+)", name)
             if m:
                 device_pids[pid] = m.group(1)
+        self.ordinal = self._pick(set(device_pids.values()) if device_pids else
+                                  {str(e["args"]["device_ordinal"]) for e in events
+                                   if "device_ordinal" in (e.get("args") or {}) and e["args"].get("hlo_module") == self.module})
         return profile.breakdown(events, lambda e: self.classify(e, device_pids))
+
+    def _pick(self, seen: set) -> str:
+        """This process's first device as the trace names it: its local or global number, else (a
+        numbering of the runtime's own, as XLA:CPU's with several processes) the lowest one seen."""
+        hit = seen & self.names
+        if hit:
+            return min(hit, key=int)
+        return min(seen, key=lambda x: int(x) if x.isdigit() else 0) if seen else self.ordinal
 
     def classify(self, e: Dict[str, Any], device_pids: Dict[int, str]) -> Optional[str]:
         if e.get("name") == profile.DATA_SPAN:

@@ -386,9 +386,15 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.stop_after={t.stop_after} is not valid: it must be between 1 and train.steps={t.steps}, or null.")
     if cfg.profile.steps:
         p = list(cfg.profile.steps)
-        if len(p) != 2 or p[0] > p[1] or p[1] > t.steps:
+        if len(p) != 2 or not all(type(x) is int for x in p) or p[0] > p[1] or p[1] > t.steps:
             raise ConfigError(f"profile.steps={_show(p)} is not valid: give [START, END] with 1 <= START <= END <= "
                               f"train.steps={t.steps}, e.g. [5, 7], or [] for no profiling.")
+        warm = min(t.warmup_exclude, t.steps)
+        traced_warm = max(0, min(p[1], warm) - p[0] + 1)
+        if t.steps - (p[1] - p[0] + 1) - (warm - traced_warm) < 1:
+            raise ConfigError(f"profile.steps={_show(p)} leaves no steady-state step of train.steps={t.steps} "
+                              f"(the first train.warmup_exclude={t.warmup_exclude} steps and the traced ones are left "
+                              f"out of the timing); trace fewer or later steps, or run more.")
     m = cfg.model
     if m.d_model % m.n_heads:
         raise ConfigError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}; pick n_heads that divides d_model.")

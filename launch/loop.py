@@ -20,6 +20,7 @@ count completed optimizer steps: the record `step: 1` is the first update.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import math
 import os
@@ -193,6 +194,7 @@ class Timing:
     compile_s: Optional[float] = None
     time_to_first_step_s: Optional[float] = None
     peak_flops_per_device: Optional[float] = None
+    warmup_exclude: Optional[int] = None  # warm-up steps among step_times (fewer when some were traced); None: the config's
 
 
 class SummaryBuilder:
@@ -238,7 +240,8 @@ def timing_fields(timing: Timing, cfg: Config) -> Dict[str, Any]:
     the extra time of the warm-up steps over the steady median."""
     t = cfg.train
     tokens_per_step = t.global_batch * cfg.model.seq_len
-    st = metrics.steady(timing.step_times, t.warmup_exclude)
+    warmup = t.warmup_exclude if timing.warmup_exclude is None else timing.warmup_exclude
+    st = metrics.steady(timing.step_times, warmup)
     p50 = metrics.percentile(st, 50)
     mean = sum(st) / len(st) if st else None
     compile_s = timing.compile_s
@@ -279,14 +282,22 @@ class Profiling:
         return bool(self.window and self.window.covers(step))
 
     def before(self, step: int) -> None:
-        """Step `step` is about to run: start the capture if it is the window's first step here."""
+        """Step `step` is about to run: start the capture if it is the window's first step. A run
+        resumed inside the window does not trace the rest (its first step after a restore is not
+        a steady one, and the earlier attempt's trace is kept)."""
         win = self.window
-        if (win and self.capture is None and win.covers(step) and not self.measured
-                and win.traced_by(self.engine.process_index)):
-            t0 = time.perf_counter()
-            self.capture = self.engine.profiler(profile.process_dir(self.cell_dir, self.engine.process_index))
+        if not (win and step == win.start and self.capture is None and win.traced_by(self.engine.process_index)):
+            return
+        t0 = time.perf_counter()
+        directory = profile.process_dir(self.cell_dir, self.engine.process_index)
+        try:
+            self.capture = self.engine.profiler(directory)
             self.capture.start()
-            self._pause(t0)
+        except Exception as e:  # noqa: BLE001 - profiling is an observer: the run goes on untraced
+            self.capture = None
+            self._record(directory, {"error": f"{type(e).__name__}: {e}", "files": [], "breakdown": []}, t0)
+            return
+        self._pause(t0)
 
     def span(self, step: int):
         return self.capture.step(step) if self.capture is not None and self.covers(step) else contextlib.nullcontext()
@@ -299,6 +310,11 @@ class Profiling:
         if self.capture is not None and (step == self.window.end or last):
             self.finish()
 
+    def traced_warmup(self, start: int, warmup_exclude: int) -> int:
+        """How many of this run's first `warmup_exclude` steps were traced (they are not among the
+        step times the warm-up count applies to)."""
+        return sum(1 for s in self.measured if s <= start + warmup_exclude)
+
     def finish(self) -> None:
         """Stop the capture, write its trace and the `profile` record. A profiler that fails costs
         the record an `error`, never the training run."""
@@ -306,24 +322,41 @@ class Profiling:
         if capture is None:
             return
         t0 = time.perf_counter()
-        rel = lambda p: str(Path(p).relative_to(self.cell_dir))  # noqa: E731
-        rec: Dict[str, Any] = {"process": self.engine.process_index, "steps": sorted(self.measured),
-                               "dir": rel(capture.directory), "files": [], "breakdown": [], "error": None}
+        directory = capture.directory
+        rec: Dict[str, Any] = {"files": [], "breakdown": [], "error": None}
         try:
-            rec["files"] = [rel(f) for f in capture.stop()]
+            rec["files"] = [self._rel(f) for f in capture.stop()]
             rows = capture.breakdown()
             for row in rows:
                 row["measured_s"] = self.measured.get(row["step"])
             rec["breakdown"] = rows
             rec["mean"] = profile.mean_breakdown([r for r in rows if r["measured_s"] is not None])
+            if not rows:
+                rec["error"] = "the trace holds none of the traced steps' spans"
         except Exception as e:  # noqa: BLE001 - profiling is an observer
             rec["error"] = f"{type(e).__name__}: {e}"
-            log.warning(f"profile of steps {rec['steps']} failed: {rec['error']}")
-        rec["overhead_s"] = self._pause(t0)
-        profile.write_breakdown(capture.directory, rec)
-        self.w.write("profile", **rec)
+        del capture
+        gc.collect()  # the parsed trace's objects are freed here, not inside the next timed step
+        rec = self._record(directory, rec, t0)
         if self.engine.process_index == 0 and not rec["error"]:
-            log.info(f"profiled steps {rec['steps']}: trace in {self.cell_dir / rec['dir']} ({rec['overhead_s']:.1f} s to write and read)")
+            log.info(f"profiled steps {rec['steps']}: trace in {directory} (profiler: {rec['overhead_s']:.1f} s in all)")
+
+    def _record(self, directory: Path, rec: Dict[str, Any], t0: float) -> Dict[str, Any]:
+        """`breakdown.json` next to the trace and the `profile` record in metrics.jsonl."""
+        rec = {"process": self.engine.process_index, "steps": sorted(self.measured), "dir": self._rel(directory), **rec}
+        self._pause(t0)
+        rec["overhead_s"] = self.overhead_s  # starting, stopping, writing and reading the trace
+        if rec["error"]:
+            log.warning(f"profile of steps {rec['steps'] or self.window.steps} failed (training goes on): {rec['error']}")
+        try:
+            profile.write_breakdown(directory, rec)
+        except OSError as e:
+            log.warning(f"could not write {directory / profile.BREAKDOWN_NAME}: {e}")
+        self.w.write("profile", **rec)
+        return rec
+
+    def _rel(self, path: Path) -> str:
+        return str(Path(path).relative_to(self.cell_dir))
 
     def _pause(self, t0: float) -> float:
         seconds = time.perf_counter() - t0
@@ -449,7 +482,7 @@ def run(engine: Engine, cfg: Config, cell_dir: Path, *, process_start: float, st
             if stop_now:
                 summary["stopped_by"] = stopper.requested or "peer"
                 break
-        profiling.finish()  # the loop ended inside the window
+        profiling.finish()  # normally done after the window's last step; here if that never came
         if profiling.measured:
             summary["profiled_steps"] = sorted(profiling.measured)
         if not timing.compile_s and engine.lazy_compile_s:
@@ -459,12 +492,17 @@ def run(engine: Engine, cfg: Config, cell_dir: Path, *, process_start: float, st
         engine.finish()
         if timer.durations:
             w.write("checkpoint_wait", seconds=time.perf_counter() - c0)
-        loop_tps = timer.loop_tokens_per_s(tokens_per_step, t.warmup_exclude)
+        timing.warmup_exclude = max(0, t.warmup_exclude - profiling.traced_warmup(start, t.warmup_exclude))
+        loop_tps = timer.loop_tokens_per_s(tokens_per_step, timing.warmup_exclude)
         if loop_tps is not None:
             summary["loop_tokens_per_s"] = loop_tps
         summary["status"] = "ok" if summary["steps"] >= t.steps else "stopped"
         record = summary.build(timing)
     except BaseException as e:
+        try:
+            profiling.finish()  # the steps traced before the failure are worth keeping
+        except BaseException:  # noqa: BLE001
+            pass
         if isinstance(e, NonFiniteLoss):  # every process saw the same loss: finish in-flight saves, they are good
             try:
                 engine.finish()

@@ -39,7 +39,7 @@ BREAKDOWN_NAME = "breakdown.json"
 # names of collective ops and kernels in either framework's trace (aten/c10d ops, gloo/NCCL
 # kernels, FSDP2's annotations, HLO opcodes)
 COLLECTIVE = re.compile(r"all[-_]?gather|reduce[-_]?scatter|all[-_]?reduce|all[-_]?to[-_]?all|collective[-_]permute"
-                        r"|broadcast_|nccl|gloo|c10d::|record_param_comms", re.I)
+                        r"|nccl|gloo|c10d::|record_param_comms", re.I)
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def load_trace(path: Path) -> Tuple[List[Dict[str, Any]], Dict[Any, str]]:
 def step_number(event: Dict[str, Any]) -> Optional[int]:
     """The step a `scaleout/step` span stands for (`args.step_num`, or `#N` in the name), else None."""
     name = str(event.get("name", ""))
-    if not name.startswith(STEP_SPAN):
+    if not name.startswith(STEP_SPAN) or event.get("cat") == "gpu_user_annotation":  # Kineto's GPU-side copy of a span
         return None
     args = event.get("args") or {}
     for key in ("step_num", "step"):

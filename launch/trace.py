@@ -127,7 +127,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def _is_trace(self) -> bool:
-        return unquote(urlsplit(self.path).path) == "/" + self.server.trace.name
+        """The request names the trace, through a loopback Host (a page that rebinds its own domain
+        name to 127.0.0.1 sends its own name as Host and gets nothing)."""
+        port = self.server.server_address[1]
+        host_ok = self.headers.get("Host", "") in (f"127.0.0.1:{port}", f"localhost:{port}")
+        return host_ok and unquote(urlsplit(self.path).path) == "/" + self.server.trace.name
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         if not self._is_trace():

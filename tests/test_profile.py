@@ -106,19 +106,31 @@ def test_torch_names_land_in_their_categories():
     assert classify(cpu("ncclDevKernel_AllGather_RING_LL", "kernel"), True) == "collectives"
 
 
-@pytest.mark.parametrize("steps, message", [
-    ("[5]", "give [START, END]"), ("[7,5]", "START <= END"), ("[5,30]", "END <= train.steps=20"), ("[0,2]", "positive integer"),
+@pytest.mark.parametrize("steps, shown", [
+    ("[5]", "[5]"), ("[7,5]", "[7, 5]"), ("[5,30]", "[5, 30]"), ("[[1,2],[3,4]]", "[[1, 2], [3, 4]]"),
 ])
-def test_bad_window_is_one_sentence(steps, message):
+def test_bad_window_is_one_sentence(steps, shown):
     with pytest.raises(ConfigError) as e:
         config.load([f"profile.steps={steps}"])
-    assert message in str(e.value) and "profile.steps" in str(e.value)
+    assert str(e.value).startswith(f"profile.steps={shown} is not valid: give [START, END] with 1 <= START <= END <= train.steps=20")
+
+
+def test_window_that_leaves_no_steady_step_is_refused():
+    with pytest.raises(ConfigError) as e:
+        config.load(["profile.steps=[2,4]", "train.steps=4"])  # step 1 is warm-up, 2-4 traced
+    assert "leaves no steady-state step of train.steps=4" in str(e.value)
+    assert config.load(["profile.steps=[2,3]", "train.steps=4"]).profile.steps == [2, 3]  # step 4 is steady
+
+
+def test_zero_is_not_a_step():
+    with pytest.raises(ConfigError, match="positive integer"):
+        config.load(["profile.steps=[0,2]"])
 
 
 # --------------------------------------------------------------------------- end to end
 
 def _trace_steps(cell: Path, framework: str) -> list:
-    """The step numbers the cell's trace file holds (read back independently of launch.profile)."""
+    """The step numbers of the `scaleout/step` spans in the cell's trace file, read from the file."""
     pdir = cell / "profile" / "process-0"
     if framework == "jax":
         trace = next(pdir.glob("plugins/profile/*/perfetto_trace.json.gz"))
@@ -161,3 +173,37 @@ def test_sweep_traces_every_cell_and_breaks_its_steps_down(tmp_path):
                     assert row["collectives"] == 0, (cell, row)
             assert 6 not in {r["step"] for r in recs if r["kind"] == "step" and not r.get("profiled")}
     assert not (run / "jax-d1" / "profile" / "process-1").exists()  # process 0 only by default
+
+
+def _cell(tmp_path, name, *extra, env=None):
+    p = run_cli(["run", "framework=jax", "train.steps=8", f"run.dir={tmp_path}", f"run.name={name}", *extra],
+                cwd=tmp_path, env=env, timeout=600)
+    return p, read_records(tmp_path / name / "jax-d1" / "metrics.jsonl")
+
+
+@pytest.mark.slow
+def test_window_positions_keep_the_timing_right(tmp_path):
+    """A window inside the warm-up takes its place there (the steady steps stay 4..8); a run
+    stopped inside the window keeps what it traced, and its resumption traces nothing more."""
+    p, recs = _cell(tmp_path, "early", "profile.steps=[1,2]")
+    assert p.returncode == 0, p.stderr[-2000:]
+    s = [r for r in recs if r["kind"] == "summary"][-1]
+    assert s["profiled_steps"] == [1, 2] and s["timed_steps"] == 5  # steps 4-8: only step 3 is warm-up left
+    p, recs = _cell(tmp_path, "cut", "profile.steps=[3,5]", "train.stop_after=4", "checkpoint.every=0")
+    assert p.returncode == 0, p.stderr[-2000:]
+    [rec] = [r for r in recs if r["kind"] == "profile"]
+    assert rec["error"] is None and [r["step"] for r in rec["breakdown"]] == [3, 4]
+    p, recs = _cell(tmp_path, "cut", "profile.steps=[3,5]", "checkpoint.every=0")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert [r["steps"] for r in recs if r["kind"] == "profile"] == [[3, 4]]  # the first attempt's, kept
+    s = [r for r in recs if r["kind"] == "summary"][-1]
+    assert s["resumed_from_step"] == 4 and s["steps"] == 8 and s["loop_tokens_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_a_crash_inside_the_window_keeps_the_trace_of_the_steps_before_it(tmp_path):
+    p, recs = _cell(tmp_path, "crash", "profile.steps=[3,6]", env={"SCALEOUT_FAULT": "crash@5"})
+    assert p.returncode != 0
+    [rec] = [r for r in recs if r["kind"] == "profile"]
+    assert rec["error"] is None and [r["step"] for r in rec["breakdown"]] == [3, 4]
+    assert next((tmp_path / "crash" / "jax-d1" / "profile" / "process-0").glob("plugins/profile/*/perfetto_trace.json.gz"))

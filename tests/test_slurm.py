@@ -154,7 +154,9 @@ def test_sweep_of_four_cells_as_job_arrays(cluster, tmp_path):
         assert s["profiled_steps"] == [5, 6], (name, s)
         assert [r["error"] for r in recs if r["kind"] == "profile"] == [None], name
         for i in range(s["processes"]):
-            assert json.loads((run / name / "profile" / f"process-{i}" / "breakdown.json").read_text())["steps"] == [5, 6]
+            b = json.loads((run / name / "profile" / f"process-{i}" / "breakdown.json").read_text())
+            assert b["error"] is None and [r["step"] for r in b["breakdown"]] == [5, 6], (name, i, b)
+            assert all(r["matmul_attention"] > 0 and r["other_compute"] > 0 for r in b["breakdown"]), (name, i, b)
     states, _ = _status(tmp_path, "arr")
     assert all(" ok " in line and "step 8/8" in line for line in states.values()), states
     assert (marks / "setup-ran").exists()

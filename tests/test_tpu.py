@@ -468,7 +468,9 @@ def test_profile_of_every_worker_is_copied_back(tmp_path, fake):
     cell = tmp_path / "runs" / "t" / CELL
     for i in (0, 1):
         assert next((cell / "profile" / f"process-{i}").glob("plugins/profile/*/perfetto_trace.json.gz")).stat().st_size > 0
-        assert json.loads((cell / "profile" / f"process-{i}" / "breakdown.json").read_text())["steps"] == [2, 3]
+        b = json.loads((cell / "profile" / f"process-{i}" / "breakdown.json").read_text())
+        assert b["error"] is None and [r["step"] for r in b["breakdown"]] == [2, 3], (i, b)
+        assert all(r["matmul_attention"] > 0 and r["other_compute"] > 0 for r in b["breakdown"]), (i, b)
     recs = [json.loads(line) for line in (cell / "metrics.jsonl").read_text().splitlines()]
     [rec] = [r for r in recs if r["kind"] == "profile"]
     assert rec["error"] is None and rec["steps"] == [2, 3] and len(rec["breakdown"]) == 2

@@ -79,8 +79,14 @@ def test_serves_a_real_trace_to_perfetto(tmp_path):
             assert r.headers["Access-Control-Allow-Origin"] == UI
         assert body == want.read_bytes()
         assert json.loads(gzip.decompress(body))["traceEvents"]  # what Perfetto gets is the trace itself
-        with pytest.raises(urllib.error.HTTPError) as e:  # nothing else under that directory is served
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/../config.yaml", timeout=30)
+        sibling = next(f for f in want.parent.iterdir() if f != want)  # the capture's xplane.pb, next to it
+        for other in (f"/{sibling.name}", "/../../../../config.yaml"):
+            with pytest.raises(urllib.error.HTTPError) as e:  # nothing else is served
+                urllib.request.urlopen(f"http://127.0.0.1:{port}{other}", timeout=30)
+            assert e.value.code == 404, other
+        rebound = urllib.request.Request(url, headers={"Host": f"attacker.example:{port}"})
+        with pytest.raises(urllib.error.HTTPError) as e:  # DNS rebinding: the page's own name as Host
+            urllib.request.urlopen(rebound, timeout=30)
         assert e.value.code == 404
     finally:
         code, rest, err = _stop(p)

@@ -320,8 +320,12 @@ def profile_workers(cfg: Config, workers: int) -> List[int]:
 def copy_profile_back(c: Commands, cfg: Config, cell_dir: Path, workers: int) -> None:
     """CELL/profile/ from each worker that traced (a worker that never reached the window has none)."""
     for i in profile_workers(cfg, workers):
-        p = subprocess.run(c.copy_back(f"{c.remote_cell}/{profile.PROFILE_DIR}", str(cell_dir), worker=i, recurse=True),
-                           capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
+        try:
+            p = subprocess.run(c.copy_back(f"{c.remote_cell}/{profile.PROFILE_DIR}", str(cell_dir), worker=i, recurse=True),
+                               capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            log.warning(f"copying worker {i}'s profile back took over 30 minutes; skipped (it stays on the worker)")
+            continue
         if p.returncode:
             log.warning(f"could not copy worker {i}'s profile back: {(p.stderr or '').strip()[-300:]}")
 
