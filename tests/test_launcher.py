@@ -230,3 +230,17 @@ def test_sigterm_lets_multiprocess_trainers_save_and_stop(tmp_path, framework, e
     s = [r for r in recs if r["kind"] == "summary"][-1]
     assert s["status"] == "stopped" and s["steps"] == 3 and s["stopped_by"] in ("SIGTERM", "peer"), s
     assert any(r["kind"] == "checkpoint" and r["step"] == 3 for r in recs)
+
+
+def test_the_cause_of_a_group_failure_is_not_the_peer_that_lost_it(tmp_path):
+    """Two processes fail; the one that ends first only lost its peer (what gloo says when the other
+    side died). The report names the other one, whose failure is its own."""
+    import sys as _sys
+
+    from launch.targets import procs
+    victim = "import sys; print('Gather failed: [gloo/transport/tcp/pair.cc:538] Read error: Connection reset by peer', flush=True); sys.exit(1)"
+    cause = "import sys, time; time.sleep(0.2); print('RuntimeError: injected crash at step 3', flush=True); sys.exit(1)"
+    r = procs.run_group([procs.Spec("worker-0", [_sys.executable, "-c", victim]),
+                         procs.Spec("worker-1", [_sys.executable, "-c", cause])], tmp_path, echo=False)
+    assert r.returncode == 1 and r.failed == "worker-1", r
+    assert any("injected crash" in line for line in r.tail)

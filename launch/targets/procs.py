@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +26,9 @@ from typing import Callable, Deque, Dict, List, Optional
 
 log = logging.getLogger(__name__)
 TAIL_LINES = 200
+# what a process says when it failed because a peer went away (gloo/NCCL/TCP), not for a reason of its own
+PEER_LOST = re.compile(r"Connection reset by peer|Connection closed by peer|Broken pipe|Socket closed"
+                       r"|NCCL.*(remote process exited|Connection closed)|heartbeat.*(timeout|failed)", re.I)
 GRACE_S = 10.0
 
 
@@ -112,7 +116,8 @@ def run_group(specs: List[Spec], log_dir: Path, echo: bool = True,
             if any(c not in (None, 0) for c in codes):
                 time.sleep(0.5)  # let the consequences of the first failure land, then pick the cause
                 failed = [r for r in running if r[1].poll() not in (None, 0)]
-                failed.sort(key=lambda r: (r[1].returncode < 0, ended.get(r[1].pid, float("inf"))))
+                # the cause: not killed by a signal, not failing for a lost peer, then the first to end
+                failed.sort(key=lambda r: (r[1].returncode < 0, lost_peer(r[3]), ended.get(r[1].pid, float("inf"))))
                 spec, proc, t, tail = failed[0]
                 t.join(timeout=5)
                 if on_failure is not None:
@@ -125,6 +130,11 @@ def run_group(specs: List[Spec], log_dir: Path, echo: bool = True,
         stop_all([proc for _, proc, _, _ in running])
         for _, _, t, _ in running:
             t.join(timeout=5)
+
+
+def lost_peer(tail) -> bool:
+    """Whether a failed process's last lines say it failed because a peer went away."""
+    return any(PEER_LOST.search(line) for line in list(tail)[-40:])
 
 
 def describe_exit(returncode: int) -> str:

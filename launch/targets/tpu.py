@@ -491,7 +491,8 @@ def _finish(cell_dir: Path, rec: Record, result: str, stop: bool = False) -> Lis
         copy_metrics_back(c, cell_dir)
         copy_profile_back(c, cfg, cell_dir, int(rec.workers or 0))
         collect_logs(c, rec, cell_dir)
-        done.append("collected metrics.jsonl, the worker logs" + (" and the profile" if cfg.profile.steps else ""))
+        done.append("collected metrics.jsonl, the worker logs and the profile" if cfg.profile.steps
+                    else "collected metrics.jsonl and the worker logs")
     deleted = False
     if rec.created and not rec.keep:
         deleted = delete_queued(c, cfg)
