@@ -71,7 +71,7 @@ def compile_depth(repeats: int) -> Dict[str, float]:
 import json, sys, time, tempfile
 import jax
 from launch import config
-from launch.rundir import cell_config
+from launch.launcher.rundir import cell_config
 from jaxrun.train import JaxEngine
 layers = int(sys.argv[1])
 cfg = cell_config(config.load(["model=small", f"model.n_layers={layers}", "jax.compilation_cache=false",

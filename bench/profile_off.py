@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from bench.__main__ import ROOT, append_history, heading, log, machine_line, median, trainer
-from launch.files import read_records
+from launch.common.files import read_records
 
 
 def first_profiling_commit() -> str:

@@ -12,10 +12,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from launch import config
-from launch.data import Batches
-from launch.params import init_param, init_stacked, param_table
 from jaxrun.train import MATMUL_PRECISION
+from launch import config
+from launch.core.params import init_param, init_stacked, param_table
+from launch.data.batches import Batches
 
 
 def rms(x, w, eps=1e-5):

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from launch import config
-from launch.data import Batches
-from launch.params import init_param, named_params
+from launch.core.params import init_param, named_params
+from launch.data.batches import Batches
 from torchrun_fsdp.train import MATMUL_PRECISION
 
 

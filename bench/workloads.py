@@ -153,7 +153,7 @@ def torch_compile(extra: List[str]) -> bool:
     for o in reversed(extra):
         if o.startswith("torch.compile="):
             return o.split("=", 1)[1].strip().lower() in ("true", "1", "yes")
-    from launch.schema import TorchConfig
+    from launch.config.schema import TorchConfig
     return bool(TorchConfig().compile)
 
 

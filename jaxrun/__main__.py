@@ -5,14 +5,13 @@ settings from the local launcher or the TPU emulation (SCALEOUT_COORDINATOR,
 SCALEOUT_NUM_PROCESSES, SCALEOUT_PROCESS_ID), or `jax.distributed.initialize()`'s own detection
 when the SLURM or TPU target says so (SCALEOUT_DISTRIBUTED=slurm|tpu). On CPU the collectives go
 over gloo. Everything around that (signal handlers first, logging, the failed summary of a failed
-start, the loop) is `launch.engine.run_trainer`, shared with the PyTorch trainer.
+start, the loop) is `launch.core.engine.run_trainer`, shared with the PyTorch trainer.
 """
 
 import os
 import time
 from pathlib import Path
 from typing import Optional
-
 
 # XLA flags every serious JAX GPU setup uses (MaxText, JAX's GPU performance guide): the
 # latency-hiding scheduler overlaps FSDP's all-gathers and reduce-scatters with compute, as FSDP2's
@@ -42,10 +41,11 @@ def setup_xla_flags(cfg) -> None:
 def setup_distributed() -> None:
     import jax
 
-    from launch import envvars, gpus
+    from launch.common import envvars
+    from launch.core import gpus
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    # JAX's preemption service takes SIGTERM for itself; scaleout's own stop (launch.engine.Stopper, the
+    # JAX's preemption service takes SIGTERM for itself; scaleout's own stop (launch.core.engine.Stopper, the
     # loop's collective stop) handles it the same way in both frameworks
     jax.config.update("jax_enable_preemption_service", False)
     if os.environ.get(envvars.COORDINATOR):
@@ -75,7 +75,7 @@ def build(cfg, cell_dir):
     setup_distributed()
     import jax
 
-    from launch import gpus
+    from launch.core import gpus
     gpus.check_platform("jax", jax.default_backend(), os.environ)  # GPUs here but a CPU-only jaxlib: stop at once
     setup_cache(cfg)
     from jaxrun.train import JaxEngine
@@ -83,11 +83,12 @@ def build(cfg, cell_dir):
 
 
 def main(argv=None, process_start: Optional[float] = None) -> int:
-    from launch import engine  # light: the stop-signal handlers are installed before anything slow
+    from launch.core import engine  # light: the stop-signal handlers are installed before anything slow
     return engine.run_trainer("jax", "python -m jaxrun", build, argv=argv, process_start=process_start)
 
 
 if __name__ == "__main__":
     started = time.perf_counter()  # first: time to first step counts from here
-    from launch import engine, envvars
+    from launch.common import envvars
+    from launch.core import engine
     engine.exit_on_error(lambda: main(process_start=started), f"process {envvars.process_index()}")

@@ -1,13 +1,13 @@
 """Compile the JAX trainer's train step ahead of time for devices this machine does not have.
 
-    python -m jaxrun.aot CELL.yaml [CELL.yaml ...]   -> one JSON list on stdout (launch.aot runs it)
+    python -m jaxrun.aot CELL.yaml [CELL.yaml ...]   -> one JSON list on stdout (launch.launcher.aot runs it)
 
 For target=tpu the devices come from libtpu's topology description of the cell's slice (e.g.
 `v5e:4x8`, 8 hosts of 2x2 chips), so XLA:TPU compiles the program every host of that slice would
 run; otherwise they are simulated CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count,
 set by the caller). The program is `jaxrun.train.TrainStep`: the function, shardings and donation
 `JaxEngine` compiles before its first step. Per device it reports XLA's `memory_analysis()` and
-`cost_analysis()` next to `launch.flops`.
+`cost_analysis()` next to `launch.core.flops`.
 
 A program that does not fit is refused by XLA:TPU at compile time ("Ran out of memory in memory
 space hbm. Used X of Y hbm"): that is reported as an estimate of X that does not fit, not an error.
@@ -20,18 +20,19 @@ import logging
 import re
 import sys
 import time
+from pathlib import Path
 from typing import Any, Dict, List
 
 import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from launch import aot as aot_mod
-from launch import config as config_mod
-from launch import flops, sharding
-from launch.schema import Config
 from jaxrun import mesh as mesh_mod
 from jaxrun.train import MATMUL_PRECISION, TrainStep
+from launch import config as config_mod
+from launch.common import files
+from launch.config.schema import Config
+from launch.core import flops, sharding
 
 log = logging.getLogger(__name__)
 # XLA:TPU's refusals: "Ran out of memory on HBM, the total memory required for HLO temporaries (60.04G)
@@ -39,12 +40,14 @@ log = logging.getLogger(__name__)
 OOM_RES = (re.compile(r"required for HLO (temporaries) \(([0-9.]+)([KMGT])\) exceeds available HBM \(([0-9.]+)([KMGT])\)"),
            re.compile(r"(Used) ([0-9.]+)([KMGT]) of ([0-9.]+)([KMGT]) hbm", re.IGNORECASE))
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+SCAN_NOTE = ("XLA's cost analysis counts a loop body once, not once per iteration ({what}); "
+             "compile with model.scan_layers=false train.grad_accum=1 for a FLOPs figure to compare with the formula")
 
 
-def topology_devices(cfg: Config) -> tuple:
-    """(devices, description) of the cell's TPU slice, from libtpu without any TPU attached."""
+def topology_devices(t: Dict[str, Any]) -> tuple:
+    """(devices, description) of a TPU slice, from libtpu without any TPU attached; `t` is the slice's
+    topology as the launcher describes it (`launch.launcher.aot.tpu_topology`, in files.TOPOLOGY_SUFFIX)."""
     from jax.experimental import topologies
-    t = aot_mod.tpu_topology(cfg)
     topo = topologies.get_topology_desc(platform="tpu", topology_name=t["name"], chip_config_name=t["chip_config_name"],
                                         chips_per_host_bounds=tuple(t["chips_per_host_bounds"]), num_slices=1)
     devices = list(topo.devices)
@@ -84,10 +87,11 @@ def argument_bytes(program: TrainStep, cfg: Config) -> int:
     return total + 2 * int(np.prod(batch)) * 4 + 4  # inputs, targets (int32), lr
 
 
-def compile_cell(cfg: Config) -> Dict[str, Any]:
+def compile_cell(cfg: Config, topology: Dict[str, Any] | None = None) -> Dict[str, Any]:
+    """Compile the cell's train step for `topology` (a TPU slice) if given, else for simulated CPU devices."""
     jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[cfg.model.matmul_precision])
-    if cfg.target == "tpu":
-        devices, where, topo = topology_devices(cfg)
+    if topology is not None:
+        devices, where, topo = topology_devices(topology)
     else:
         cpus = jax.devices("cpu")
         if len(cpus) < cfg.devices:
@@ -147,7 +151,7 @@ def compile_cell(cfg: Config) -> Dict[str, Any]:
         loops.append(f"train.grad_accum={cfg.train.grad_accum}: 1 of {cfg.train.grad_accum} micro-batches")
     if loops:
         out["flops"]["loops_counted_once"] = loops
-        out["notes"].append(aot_mod.SCAN_NOTE.format(what="; ".join(loops)))
+        out["notes"].append(SCAN_NOTE.format(what="; ".join(loops)))
     if cfg.model.remat != "none":
         out["notes"].append(f"model.remat={cfg.model.remat}: XLA counts the recomputed forward, the formula does not")
     if devices[0].platform == "cpu" and cfg.target != "local":
@@ -157,7 +161,10 @@ def compile_cell(cfg: Config) -> Dict[str, Any]:
 
 def main(argv: List[str]) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    results = [compile_cell(config_mod.load_resolved(path)) for path in argv]
+    results = []
+    for path in map(Path, argv):
+        topo = path.with_suffix(files.TOPOLOGY_SUFFIX)
+        results.append(compile_cell(config_mod.load_resolved(path), json.loads(topo.read_text()) if topo.is_file() else None))
     print(json.dumps(results))
     return 0
 

@@ -2,11 +2,11 @@
 
 A `CheckpointManager` under the cell's checkpoint directory (a local path or gs://) keeps
 `checkpoint.keep` steps, each holding `state` (params + optimizer state, sharded) and `meta`
-(JSON: `launch.engine.checkpoint_metadata`: config hash, run id, mesh, framework, versions). Saves are async when `checkpoint.async`.
+(JSON: `launch.core.engine.checkpoint_metadata`: config hash, run id, mesh, framework, versions). Saves are async when `checkpoint.async`.
 Orbax writes each step to a temporary directory and finalises it atomically, so only complete
 steps are listed. Restoring reads into the abstract state of the *current* mesh, so a checkpoint
 written on 4 devices continues on 2. Which checkpoint to restore, and whether this cell may
-continue from it, is `launch.engine`'s rule.
+continue from it, is `launch.core.engine`'s rule.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import orbax.checkpoint as ocp
 
-from launch import engine
-from launch.schema import Config
+from launch.config.schema import Config
+from launch.core import engine
 
 ITEMS = ("state", "meta")
 
@@ -38,7 +38,7 @@ class Checkpointer:
         return self._readers[root]
 
     def restore_latest(self) -> Tuple[Optional[Dict[str, Any]], int]:
-        """The state `launch.engine.restore_latest` picks, restored onto the current mesh, and its
+        """The state `launch.core.engine.restore_latest` picks, restored onto the current mesh, and its
         step; (None, 0) when the cell starts fresh. Damaged newer steps of this cell's own directory
         that it skipped are set aside (`<step>.corrupt`, by process 0) so keep-N and the next save of
         those steps do not trip over them."""
@@ -76,7 +76,7 @@ class Checkpointer:
 def load_params_numpy(ckpt_dir, step: int) -> Dict[str, Any]:
     """The params of a saved step as host numpy arrays keyed by stacked name (`layers.attention.wq`).
 
-    Needs no mesh: for converters (`launch.params.unstack` -> PyTorch) and tests.
+    Needs no mesh: for converters (`launch.core.params.unstack` -> PyTorch) and tests.
     """
     import jax
     import numpy as np

@@ -1,4 +1,4 @@
-"""The device mesh and the sharding of every array, from the rules in `launch.sharding`.
+"""The device mesh and the sharding of every array, from the rules in `launch.core.sharding`.
 
 Every `NamedSharding` the JAX trainer uses is made here: parameters, the batch, grad-accumulation
 micro-batches, activations, replicated scalars and the one-value-per-device stop flag.
@@ -14,10 +14,9 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from launch import config as config_mod
-from launch import sharding
-from launch.params import LAYERS, param_table
-from launch.schema import Config
-
+from launch.config.schema import Config
+from launch.core import sharding
+from launch.core.params import LAYERS, param_table
 
 log = logging.getLogger(__name__)
 AXIS_TYPES = (AxisType.Auto,) * len(sharding.MESH_AXES)  # shardings come from the rules, not from types

@@ -4,7 +4,7 @@ token embedding -> n_layers x [RMSNorm -> causal attention with RoPE -> residual
 RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> lm head. No biases.
 
 `model.attention=document`: the call also takes `segment_ids` and `positions` (batch, seq) from
-`launch.data.DocBatch`; RoPE uses the per-document positions and attention gets the boolean
+`launch.data.batches.DocBatch`; RoPE uses the per-document positions and attention gets the boolean
 mask segment_q == segment_k on top of `is_causal`, through `jax.nn.dot_product_attention` (XLA's
 implementation on CPU and TPU; on GPU the same call, cuDNN's fused kernel where it takes the
 mask). On TPU the kernel that skips the masked blocks instead of computing and discarding them is
@@ -12,7 +12,7 @@ splash attention (`jax.experimental.pallas.ops.tpu.splash_attention`, `SegmentId
 `CausalMask`): scaleout does not call it yet, so a TPU run computes every block of the dense mask.
 `model.norm_impl=custom` uses `jaxrun.ops.rms_norm_custom` (a `jax.custom_vjp`). Weights are fp32
 (the master copy); `model.dtype=bf16` casts them to bf16 for the matmuls. Parameter names
-and (in, out) layouts follow `launch.params`, with per-block entries stacked on axis 0.
+and (in, out) layouts follow `launch.core.params`, with per-block entries stacked on axis 0.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from launch.schema import ModelConfig
 from jaxrun.ops import rms_norm_custom
+from launch.config.schema import ModelConfig
 
 DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
 REMAT_POLICIES = {

@@ -1,4 +1,4 @@
-"""The JAX trainer's profiler: `jax.profiler` traces and their breakdown (see `launch.profile`).
+"""The JAX trainer's profiler: `jax.profiler` traces and their breakdown (see `launch.core.profile`).
 
 `start_trace(dir, create_perfetto_trace=True)` writes, under
 `CELL/profile/process-<i>/plugins/profile/<timestamp>/`, the XSpace (`<host>.xplane.pb`: XProf /
@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional
 
 import jax
 
-from launch import profile
+from launch.core import profile
 
 COLLECTIVE_OPS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute",
                   "collective-broadcast", "ragged-all-to-all", "send", "recv")

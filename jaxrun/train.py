@@ -1,4 +1,4 @@
-"""State, optimizer and the jitted train step of the JAX trainer (the `Engine` of `launch.loop`).
+"""State, optimizer and the jitted train step of the JAX trainer (the `Engine` of `launch.core.loop`).
 
 The train step is one `jax.jit` with explicit in/out shardings and donated state:
 grads (accumulated over `train.grad_accum` micro-batches) -> global-norm clip -> AdamW.
@@ -6,7 +6,7 @@ Conventions shared with the PyTorch trainer (they keep the loss curves equal):
 - clip: g * min(1, clip_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_;
 - AdamW: eps added to sqrt(v_hat) after bias correction; decoupled decay p *= 1 - lr * wd,
   applied to matmul weights only (not norms, not the embedding);
-- the learning rate of every step comes from `launch.loop.lr_at`, passed in as an argument;
+- the learning rate of every step comes from `launch.core.loop.lr_at`, passed in as an argument;
 - fp32 matmul precision from `model.matmul_precision` (`highest`: no TF32), set explicitly.
 """
 
@@ -25,13 +25,13 @@ import numpy as np
 import optax
 from flax import nnx
 
-from launch import engine
-from launch.data import Batches, document_batch
-from launch.params import init_param, init_stacked, param_table
-from launch.schema import Config
 from jaxrun import checkpoint, mesh as mesh_mod
 from jaxrun.model import Transformer, cross_entropy
 from jaxrun.profile import JaxCapture
+from launch.config.schema import Config
+from launch.core import engine
+from launch.core.params import init_param, init_stacked, param_table
+from launch.data.batches import Batches, document_batch
 
 CLIP_EPS = 1e-6
 # model.matmul_precision -> jax_default_matmul_precision. JAX's own default lets fp32 matmuls run
@@ -138,7 +138,7 @@ class JaxEngine:
         self.compiled = None
         self._any_fn = None
         self._eval_fn = None  # jitted on the first evaluation
-        self.capture = None  # the profiler while profile.steps runs (launch.profile)
+        self.capture = None  # the profiler while profile.steps runs (launch.core.profile)
         self.ckpt = checkpoint.Checkpointer(cfg, self.abstract_state())
 
     # ------------------------------------------------------------------ Engine
@@ -198,7 +198,7 @@ class JaxEngine:
                      for i in range(4 if documents else 2))
 
     def profiler(self, directory: Path) -> JaxCapture:
-        """A `jax.profiler` capture of the train step on this process's first device (launch.profile)."""
+        """A `jax.profiler` capture of the train step on this process's first device (launch.core.profile)."""
         self.capture = JaxCapture(directory, self.compiled, self.mesh.local_devices[0])
         return self.capture
 
@@ -252,7 +252,7 @@ class JaxEngine:
         return bool(_scalar(self._any_fn(jax.make_array_from_process_local_data(self._flag_sh, local))))
 
     def peak_flops_per_device(self) -> float:
-        from launch.flops import datasheet_peak
+        from launch.core.flops import datasheet_peak
         if self.platform != "cpu":
             return datasheet_peak(self.device_kind) or 0.0
         return engine.cpu_peak_per_device(self.cfg.devices, self.process_index, self.process_count,

@@ -1,5 +1,5 @@
 import sys
 
-from launch.cli import main
+from launch.launcher.cli import main
 
 sys.exit(main())

@@ -64,7 +64,7 @@ def no_process_left_behind(tmp_path):
 @pytest.fixture
 def scaleout(tmp_path, capsys):
     """Run the CLI in-process in tmp_path; returns (exit code, stdout, stderr)."""
-    from launch.cli import main
+    from launch.launcher.cli import main
 
     def call(*argv):
         old = os.getcwd()
@@ -89,7 +89,7 @@ def run_cell(tmp_path, *overrides, env=None, timeout=600, check=True):
     """`scaleout run` in a subprocess with checkpoints/runs under tmp_path.
 
     Returns (completed process, records of the cell's metrics.jsonl)."""
-    from launch import metrics
+    from launch.core import metrics
     args = ["run", f"run.dir={tmp_path}/runs", f"checkpoint.dir={tmp_path}/ckpt",
             f"jax.cache_dir={tmp_path}/jaxcache", *overrides]
     p = run_cli(args, cwd=tmp_path, env=env, timeout=timeout)

@@ -6,7 +6,7 @@ to from inside the task (what MASTER_ADDR / the JAX coordinator will be), and, f
 CUDA_VISIBLE_DEVICES, whether the node's fake device file exists (scripts/slurm-local.sh makes
 /dev/fakegpu/<node>/gpu<i>).
 
-With `--select` it also imports the launcher (launch.gpus, and launch.targets.slurm_job for the environment each
+With `--select` it also imports the launcher (launch.core.gpus, and launch.targets.slurm.job for the environment each
 trainer is started with) and adds, per framework, what that trainer would select: the local GPU index, JAX's
 `local_device_ids`, and the node's number of that GPU (field "select"; tests/test_slurm_multinode.py).
 """
@@ -32,10 +32,10 @@ def resolve(name):
 
 
 def select():
-    """{framework: launch.gpus.describe_selection(the environment CellJob gives that framework's trainer)}."""
+    """{framework: launch.core.gpus.describe_selection(the environment CellJob gives that framework's trainer)}."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from launch import gpus
-    from launch.targets.slurm_job import CellJob
+    from launch.core import gpus
+    from launch.targets.slurm.job import CellJob
 
     os.environ.setdefault("SUBMITIT_EXECUTOR", "slurm")  # submitit's environment, as under its own srun
     out = {}

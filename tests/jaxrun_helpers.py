@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
-
 from conftest import wait_for  # noqa: F401  (re-exported: the trainer tests import their helpers from here)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +56,7 @@ def run_trainer(framework: str, config_path: Path, nproc: int = 1, timeout: floa
 
 
 def records(cell_dir: Path) -> List[dict]:
-    from launch.files import read_records
+    from launch.common.files import read_records
     return read_records(cell_dir / "metrics.jsonl")
 
 

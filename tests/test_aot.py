@@ -6,10 +6,12 @@ import json
 import sys
 
 import pytest
-
 from conftest import in_ci, run_cell, run_cli, summary
 
-from launch import aot, config, flops
+from launch import config
+from launch.common import files
+from launch.core import flops
+from launch.launcher import aot
 
 GIB = 2**30
 
@@ -157,7 +159,7 @@ def test_sweep_that_fits_records_estimates_and_the_report_compares_them(tmp_path
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     run = tmp_path / "runs" / "fit"
     for cell in ("jax-d1", "jax-d2"):
-        est = json.loads((run / cell / aot.ESTIMATE_NAME).read_text())
+        est = json.loads((run / cell / files.ESTIMATE_NAME).read_text())
         assert est["fits"] is True and est["memory"]["total"] > 0 and est["compile_s"] > 0
     doc = json.loads((run / "report.json").read_text())
     rows = {r["cell"]: r for r in doc["cells"]}

@@ -5,18 +5,18 @@ import re
 import typing
 
 import pytest
-
-from launch import config, schema
-from launch.config import ConfigError, OmegaConf
-from launch.schema import Config
-
 from conftest import ROOT, run_cli
+from omegaconf import OmegaConf
+
+from launch import config
+from launch.config import ConfigError, schema
+from launch.config.schema import Config
 
 
 def test_base_yaml_is_generated_from_the_schema():
-    """configs/base.yaml is exactly what `python -m launch.schema` writes; regenerate it after editing the schema."""
+    """configs/base.yaml is exactly what `python -m launch.config` writes; regenerate it after editing the schema."""
     text = (ROOT / "configs" / "base.yaml").read_text()
-    assert text == schema.render_base_yaml(), "configs/base.yaml is stale: run `python -m launch.schema`"
+    assert text == schema.render_base_yaml(), "configs/base.yaml is stale: run `python -m launch.config`"
     assert schema.main(["--check"]) == 0
 
 
@@ -276,8 +276,8 @@ def test_free_mappings_take_any_keys():
 
 
 def test_public_api_is_stable():
-    for name in ("ConfigError", "load", "load_resolved", "replace", "save", "to_dict", "get", "math_hash",
-                 "mesh_shape", "resolve_parallel", "schema_keys", "CHOICES", "FRAMEWORKS", "TARGETS", "OmegaConf"):
+    for name in ("ConfigError", "Config", "load", "load_resolved", "replace", "save", "to_dict", "get", "math_hash",
+                 "mesh_shape", "resolve_parallel", "schema_keys", "CHOICES", "FRAMEWORKS", "TARGETS"):
         assert hasattr(config, name), name
     assert config.CHOICES["framework"] == config.FRAMEWORKS and config.CHOICES["target"] == config.TARGETS
     assert config.CHOICES["model.matmul_precision"] == ("highest", "tf32")

@@ -2,11 +2,10 @@
 
 import numpy as np
 import pytest
+from conftest import losses, run_cell, summary
 
 from launch import config
-from launch.data import Batches
-
-from conftest import losses, run_cell, summary
+from launch.data.batches import Batches
 
 
 def test_batch_is_a_function_of_seed_and_step_and_slices_agree():
@@ -71,7 +70,8 @@ def test_jax_trains_on_a_token_file(tmp_path, scaleout):
     from the file's batch 0 (framework-neutral init, reference forward) it must match, and differ from
     the loss on the synthetic batch 0."""
     import torch
-    from launch.params import init_param, named_params
+
+    from launch.core.params import init_param, named_params
     from torchrun_fsdp.model import Transformer, cross_entropy
 
     text = tmp_path / "corpus.txt"
@@ -97,9 +97,10 @@ def test_jax_trains_on_a_token_file(tmp_path, scaleout):
 
 def test_native_sharded_init_puts_a_quarter_on_each_device(tmp_path):
     import jax
-    from launch.rundir import cell_config
+
     from jaxrun.mesh import path_name
     from jaxrun.train import JaxEngine
+    from launch.launcher.rundir import cell_config
 
     cfg = cell_config(config.load(["devices=4", "model.init=native", f"checkpoint.dir={tmp_path}/c"]), "x")
     engine = JaxEngine(cfg, tmp_path)
@@ -111,7 +112,7 @@ def test_native_sharded_init_puts_a_quarter_on_each_device(tmp_path):
 
 
 def test_prepare_bytes_writes_atomically_and_leaves_nothing_on_failure(tmp_path):
-    from launch.data import prepare_bytes
+    from launch.data.batches import prepare_bytes
     text = tmp_path / "corpus.txt"
     text.write_text("hello")
     (tmp_path / "out").mkdir()

@@ -1,4 +1,4 @@
-"""The shared trainer layer (launch.engine) and the loop's pieces, without starting a trainer."""
+"""The shared trainer layer (launch.core.engine) and the loop's pieces, without starting a trainer."""
 
 import json
 import signal
@@ -9,8 +9,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from launch import config, engine, loop, metrics
-from launch.params import param_table
+from launch import config
+from launch.core import engine, loop, metrics
+from launch.core.params import param_table
 
 
 def _cfg(*overrides):
@@ -228,7 +229,7 @@ def test_engine_protocol_has_lazy_compile_s():
 
 STOPPER = textwrap.dedent("""
     import os, signal, sys, time
-    from launch.engine import Stopper
+    from launch.core.engine import Stopper
     s = Stopper().install()
     os.kill(os.getpid(), signal.SIGUSR2)
     os.kill(os.getpid(), signal.SIGTERM)
@@ -248,8 +249,8 @@ def test_second_termination_signal_exits_at_once(second):
 
 
 def test_importing_the_loop_sets_nothing_and_needs_no_framework():
-    code = ("import sys, launch.loop, launch.engine; "
-            "print(hasattr(launch.loop, 'PROCESS_START'), sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'torch')))")
+    code = ("import sys, launch.core.loop, launch.core.engine; "
+            "print(hasattr(launch.core.loop, 'PROCESS_START'), sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'torch')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout.split("\n")[0]
     assert out == "False []"
 
@@ -269,7 +270,7 @@ def test_pid_alive():
 
 def test_learning_rate_schedule_at_its_corners():
     """Protects against: a changed warm-up (starting at 0, off by one) or cosine (not reaching
-    lr * min_lr_ratio at `steps`, wrong midpoint) in launch.loop.lr_at, which both frameworks use."""
+    lr * min_lr_ratio at `steps`, wrong midpoint) in launch.core.loop.lr_at, which both frameworks use."""
     t = config.load(["train.lr=1.0", "train.warmup_steps=4", "train.steps=14", "train.min_lr_ratio=0.1"]).train
     assert loop.lr_at(0, t) == pytest.approx(0.25)  # the first update already moves: lr / warmup
     assert loop.lr_at(3, t) == pytest.approx(1.0)  # end of warm-up: the peak

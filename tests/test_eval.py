@@ -3,10 +3,10 @@
 import json
 
 import pytest
-
-from launch import corpus, metrics, tokenize
-
 from conftest import run_cli
+
+from launch.core import metrics
+from launch.data import corpus, tokenizer as tokenize
 
 
 @pytest.mark.slow

@@ -19,13 +19,15 @@ import shutil
 
 import numpy as np
 import pytest
-
-from launch import config, export, hf, rundir
-from launch.config import ConfigError
-from launch.data import Batches
-from launch.params import init_param, named_params, param_shapes
-
 from conftest import in_ci, losses, run_cell
+
+from launch import config
+from launch.config import ConfigError
+from launch.core import hf_weights as hf
+from launch.core.params import init_param, named_params, param_shapes
+from launch.data.batches import Batches
+from launch.interop import export, hf_files
+from launch.launcher import inputs as launcher_inputs, rundir
 
 
 def _transformers():
@@ -43,13 +45,13 @@ def _tiny():
 
 
 def _write_hf(directory, m, *, cfg_changes=None, drop=(), add=None, seed=3):
-    """An HF Llama directory of model `m` written with launch.hf (random weights), optionally altered."""
+    """An HF Llama directory of model `m` written with launch.core.hf_weights (random weights), optionally altered."""
     directory.mkdir(parents=True, exist_ok=True)
     params = {name: init_param(m, seed, name, spec) for name, spec in named_params(m)}
     tensors = {k: v for k, v in hf.to_hf(params).items() if k not in drop}
     tensors.update(add or {})
-    hf.write_safetensors(tensors, directory)
-    c = {**hf.hf_config(m), **(cfg_changes or {})}
+    hf_files.write_safetensors(tensors, directory)
+    c = {**hf_files.hf_config(m), **(cfg_changes or {})}
     (directory / hf.CONFIG_JSON).write_text(json.dumps(c))
     return params
 
@@ -85,7 +87,7 @@ def test_names_map_one_to_one_with_matmul_weights_transposed():
 
 def test_config_json_is_a_llama_config_of_the_model():
     m = config.load(["model=small"]).model
-    c = hf.hf_config(m, "bf16")
+    c = hf_files.hf_config(m, "bf16")
     assert c["architectures"] == ["LlamaForCausalLM"] and c["num_key_value_heads"] == c["num_attention_heads"] == m.n_heads
     assert (c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]) == (m.d_model, m.d_ff, m.n_layers, m.vocab_size)
     assert c["tie_word_embeddings"] is False and c["hidden_act"] == "silu" and c["torch_dtype"] == "bfloat16"
@@ -101,10 +103,10 @@ def test_safetensors_shard_with_an_index_when_large_and_read_back(tmp_path):
     tensors = hf.to_hf(params)
     one = tmp_path / "one"
     one.mkdir()
-    assert hf.write_safetensors(tensors, one) == [hf.SINGLE_FILE]
+    assert hf_files.write_safetensors(tensors, one) == [hf.SINGLE_FILE]
     many = tmp_path / "many"
     many.mkdir()
-    names = hf.write_safetensors(tensors, many, max_shard_bytes=hf.parse_size("100KB"))
+    names = hf_files.write_safetensors(tensors, many, max_shard_bytes=hf_files.parse_size("100KB"))
     assert names[-1] == hf.INDEX_FILE and len(names) > 3
     index = json.loads((many / hf.INDEX_FILE).read_text())
     assert set(index["weight_map"]) == set(tensors)
@@ -113,16 +115,16 @@ def test_safetensors_shard_with_an_index_when_large_and_read_back(tmp_path):
         r = hf.Reader(directory)
         assert {k: s for k, (s, _) in r.shapes().items()} == hf.expected_shapes(param_shapes(m))
         assert all(np.array_equal(r.get(k), v) for k, v in tensors.items())
-    assert hf.parse_size("5GB") == 5 * 10**9 and hf.parse_size("2GiB") == 2 * 2**30 and hf.parse_size("1000") == 1000
+    assert hf_files.parse_size("5GB") == 5 * 10**9 and hf_files.parse_size("2GiB") == 2 * 2**30 and hf_files.parse_size("1000") == 1000
     with pytest.raises(hf.HFError, match="is not a size"):
-        hf.parse_size("lots")
+        hf_files.parse_size("lots")
 
 
 def test_bf16_is_rounded_and_widened_back(tmp_path):
     x = np.array([[1.0, 1.00390625, 3.14159265, -2e-3]], np.float32)
-    b = hf.cast(x, "bf16")
+    b = hf_files.cast(x, "bf16")
     assert b.dtype.name == "bfloat16"
-    hf.write_safetensors({"w": b}, tmp_path)
+    hf_files.write_safetensors({"w": b}, tmp_path)
     got = hf.Reader(tmp_path).get("w")
     assert got.dtype == np.float32 and np.allclose(got, x, rtol=2**-8) and got[0, 0] == 1.0
 
@@ -187,13 +189,13 @@ def test_hf_init_checks_the_weights_too(tmp_path, how, message):
         (d / hf.CONFIG_JSON).unlink()
     value = "hf" if how == "bad_prefix" else f"hf:{d}" if how != "not_a_dir" else f"hf:{tmp_path / 'nope'}"
     with pytest.raises(ConfigError, match=message):
-        config.load([f"model.init={value}"])
+        launcher_inputs.load([f"model.init={value}"])
 
 
 def test_hf_init_loads_the_weights_in_scaleout_layout(tmp_path):
     m = _tiny()
     params = _write_hf(tmp_path / "m", m, seed=11)
-    cfg = config.load([f"model.init=hf:{tmp_path / 'm'}"])
+    cfg = launcher_inputs.load([f"model.init=hf:{tmp_path / 'm'}"])
     for name, spec in named_params(cfg.model):
         np.testing.assert_array_equal(init_param(cfg.model, 0, name, spec), params[name])
 
@@ -211,6 +213,7 @@ def test_a_transformers_llama_starts_scaleout_with_the_same_logits(tmp_path):
     and scaleout's model initialised from it computes the HF model's logits."""
     transformers = _transformers()
     import torch
+
     from torchrun_fsdp.model import Transformer
 
     torch.manual_seed(0)
@@ -219,7 +222,7 @@ def test_a_transformers_llama_starts_scaleout_with_the_same_logits(tmp_path):
                                  rms_norm_eps=1e-5, tie_word_embeddings=False)
     model = transformers.LlamaForCausalLM(c).eval()
     model.save_pretrained(tmp_path / "pub")
-    cfg = config.load([f"model.init=hf:{tmp_path / 'pub'}"])
+    cfg = launcher_inputs.load([f"model.init=hf:{tmp_path / 'pub'}"])
     m = cfg.model
     ours = Transformer(m)
     ours.load_state_dict({name: torch.from_numpy(init_param(m, 0, name, spec)) for name, spec in named_params(m)})
@@ -230,7 +233,7 @@ def test_a_transformers_llama_starts_scaleout_with_the_same_logits(tmp_path):
     gqa = transformers.LlamaConfig(**{**c.to_dict(), "num_key_value_heads": 2})
     transformers.LlamaForCausalLM(gqa).save_pretrained(tmp_path / "gqa")
     with pytest.raises(ConfigError, match="grouped-query attention"):
-        config.load([f"model.init=hf:{tmp_path / 'gqa'}"])
+        launcher_inputs.load([f"model.init=hf:{tmp_path / 'gqa'}"])
 
 
 # --------------------------------------------------------------------------- export refusals (no training)
@@ -238,8 +241,8 @@ def test_a_transformers_llama_starts_scaleout_with_the_same_logits(tmp_path):
 def _fake_cell(tmp_path, framework, entries):
     """A cell directory whose checkpoint directory holds only `entries` (names of step directories)."""
     cfg = config.load([f"framework={framework}", f"run.dir={tmp_path}/runs", f"checkpoint.dir={tmp_path}/ck"])
-    cell_cfg = rundir.cell_config(cfg, f"{framework}-d1")
-    cell = rundir.write_cell(cell_cfg, f"{framework}-d1")
+    run = rundir.RunDir(cfg)
+    cell = run.write([run.cell(framework, 1)])[0].dir
     for name in entries:
         (tmp_path / "ck" / "tiny" / f"{framework}-d1" / name).mkdir(parents=True)
     return cell
@@ -289,13 +292,14 @@ def test_tokenizer_next_to_the_token_file_is_found(tmp_path):
 # --------------------------------------------------------------------------- the round trip (trains)
 
 def _own_logits(framework, cell, step, inputs):
-    """scaleout's own model on the checkpoint, read without launch.export (an independent reader)."""
+    """scaleout's own model on the checkpoint, read without launch.interop.export (an independent reader)."""
     cfg = config.load_resolved(cell / "config.yaml")
     m = cfg.model
     if framework == "jax":
+        import jax
         import jax.numpy as jnp
         from flax import nnx
-        import jax
+
         from jaxrun.checkpoint import load_params_numpy
         from jaxrun.mesh import path_name
         from jaxrun.model import Transformer as JaxTransformer
@@ -306,6 +310,7 @@ def _own_logits(framework, cell, step, inputs):
         return np.asarray(nnx.merge(graphdef, state)(jnp.asarray(inputs), m))
     import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
     from torchrun_fsdp.model import Transformer
 
     dcp_to_torch_save(f"{cfg.checkpoint.dir}/step_{step}", cell.parent / "full.pt")

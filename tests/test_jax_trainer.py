@@ -9,7 +9,6 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import losses, run_cell, summary
 
 pytestmark = pytest.mark.slow
@@ -143,10 +142,12 @@ def test_scan_keeps_compile_time_flat_in_depth(tmp_path):
     Measured as this process's CPU time (other processes on a shared machine do not inflate it),
     best of 3, the two depths interleaved."""
     import time
+
     import jax
-    from launch.rundir import cell_config
-    from launch import config
+
     from jaxrun.train import JaxEngine
+    from launch import config
+    from launch.launcher.rundir import cell_config
 
     best = {2: float("inf"), 8: float("inf")}
     for i in range(3):
@@ -163,9 +164,10 @@ def test_scan_keeps_compile_time_flat_in_depth(tmp_path):
 
 def test_fsdp4_each_device_holds_a_quarter(tmp_path):
     import jax
-    from launch.rundir import cell_config
-    from launch import config
+
     from jaxrun.train import JaxEngine
+    from launch import config
+    from launch.launcher.rundir import cell_config
 
     cfg = cell_config(config.load(["devices=4", f"checkpoint.dir={tmp_path}/c", "checkpoint.async=false"]), "x")
     engine = JaxEngine(cfg, tmp_path)
@@ -251,8 +253,18 @@ def test_signal_during_start_up_stops_cleanly(tmp_path):
 
 def test_trainer_dies_with_its_launcher(tmp_path):
     """The launcher is SIGKILLed (it cannot clean up): its trainer stops by itself, after a checkpoint."""
-    from jaxrun_helpers import alive, kill_all, records, start_under_launcher, steps_recorded, summary as last, \
-        trainer_argv, trainer_env, wait_for, write_cell
+    from jaxrun_helpers import (
+        alive,
+        kill_all,
+        records,
+        start_under_launcher,
+        steps_recorded,
+        summary as last,
+        trainer_argv,
+        trainer_env,
+        wait_for,
+        write_cell,
+    )
     cfg = write_cell(tmp_path / "cell", "train.steps=100000", "checkpoint.every=0")
     launcher, trainer = start_under_launcher(trainer_argv("jax", cfg), tmp_path / "trainer.log", trainer_env(1))
     try:
@@ -269,10 +281,19 @@ def test_trainer_dies_with_its_launcher(tmp_path):
 
 def test_hung_trainer_dies_with_its_launcher(tmp_path):
     """Stuck in a step when its launcher is SIGKILLed: asked to stop, it cannot, so it ends itself after
-    the grace period (launch.engine.LAUNCHER_GONE_GRACE_S) instead of living on as an orphan."""
-    from launch.engine import LAUNCHER_GONE_GRACE_S
-    from jaxrun_helpers import alive, kill_all, start_under_launcher, steps_recorded, trainer_argv, trainer_env, \
-        wait_for, write_cell
+    the grace period (launch.core.engine.LAUNCHER_GONE_GRACE_S) instead of living on as an orphan."""
+    from jaxrun_helpers import (
+        alive,
+        kill_all,
+        start_under_launcher,
+        steps_recorded,
+        trainer_argv,
+        trainer_env,
+        wait_for,
+        write_cell,
+    )
+
+    from launch.core.engine import LAUNCHER_GONE_GRACE_S
     cfg = write_cell(tmp_path / "cell", "train.steps=20")
     env = trainer_env(1, SCALEOUT_FAULT="hang@3")
     launcher, trainer = start_under_launcher(trainer_argv("jax", cfg), tmp_path / "trainer.log", env)
@@ -292,6 +313,7 @@ def test_damaged_latest_checkpoint_falls_back_then_fails_in_one_sentence(tmp_pat
     as `<step>.corrupt` (not counted by keep-N, not in the next save's way); with every step damaged (a
     deleted file) it fails in one sentence naming the directory."""
     import os
+
     from jaxrun_helpers import run_trainer, summary as last, write_cell
     base = ["train.steps=12", "checkpoint.every=4", "checkpoint.keep=2"]
     ckpt = tmp_path / "cell" / "checkpoints"
@@ -318,10 +340,12 @@ def test_damaged_latest_checkpoint_falls_back_then_fails_in_one_sentence(tmp_pat
 
 def test_keep_n_retention_and_every_step_records_the_scheduled_lr(tmp_path):
     """Protects against: checkpoint.keep ignored (Orbax max_to_keep not passed: every step piles up) or
-    off by one; and a step record whose lr is not the one launch.loop.lr_at gave that update (issue 19,
+    off by one; and a step record whose lr is not the one launch.core.loop.lr_at gave that update (issue 19,
     uncovered 6 and 8)."""
-    from launch import config, loop
     from jaxrun_helpers import run_trainer, summary as last, write_cell
+
+    from launch import config
+    from launch.core import loop
     cfg_path = write_cell(tmp_path / "cell", "train.steps=8", "train.warmup_steps=3", "checkpoint.every=2",
                           "checkpoint.keep=2")
     p, recs = run_trainer("jax", cfg_path)

@@ -1,7 +1,6 @@
-"""The launcher's shape and its promises: no import cycles, one orchestrator for every target,
+"""The launcher's promises: modules that import alone, one orchestrator for every target,
 checkpoints owned by their run, one owner per cell, children that die with their launcher."""
 
-import ast
 import json
 import os
 import signal
@@ -10,54 +9,11 @@ import sys
 import time
 
 import pytest
-
 from conftest import ROOT, processes_mentioning, run_cli, wait_for
+from test_layering import modules as _modules
 
 PACKAGES = ("launch", "jaxrun", "torchrun_fsdp")
 SLOW_HANG = ["train.steps=40", "checkpoint.every=0"]
-
-
-def _modules(package):
-    for p in sorted((ROOT / package).rglob("*.py")):
-        name = ".".join(p.relative_to(ROOT).with_suffix("").parts)
-        yield (name[: -len(".__init__")] if name.endswith(".__init__") else name), p
-
-
-def _imports(path, known):
-    """Project modules a file imports, at the top or inside functions (lazy imports count)."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-        else:
-            continue
-        out |= {n for n in names if n in known}
-    return out
-
-
-def test_launch_import_graph_has_no_cycle():
-    """Protects against an orchestrator below its workers (targets importing the sweep, jobs <-> slurm)."""
-    mods = dict(_modules("launch"))
-    edges = {m: _imports(p, mods) - {m} for m, p in mods.items()}
-
-    def cycle_from(start):
-        stack, seen = [(start, [start])], set()
-        while stack:
-            node, path = stack.pop()
-            for nxt in edges[node]:
-                if nxt == start:
-                    return path + [start]
-                if nxt not in seen:
-                    seen.add(nxt)
-                    stack.append((nxt, path + [nxt]))
-        return None
-
-    cycles = [c for c in (cycle_from(m) for m in mods) if c]
-    assert not cycles, " ; ".join(" -> ".join(c) for c in cycles[:5])
-    targets = [m for m in mods if m.startswith("launch.targets")]
-    assert all("launch.sweep" not in edges[m] for m in targets), "a target imports the orchestrator"
 
 
 def test_every_module_imports_alone_and_launch_needs_no_framework():
@@ -93,7 +49,7 @@ def test_plan_slurm_without_slurm_installed(tmp_path):
 def test_plan_script_is_the_one_submitted(tmp_path):
     """The plan's script and the submitted script come from one executor (only the job folder differs)."""
     from launch import config
-    from launch.targets import slurm
+    from launch.targets.slurm import target as slurm
     cfg = config.load(["target=slurm", "devices=2", "slurm.devices_per_node=2", "slurm.partition=debug"])
     folder = tmp_path / "slurm" / "%j"
     ex = slurm.build_executor(cfg, folder)

@@ -4,10 +4,9 @@ import json
 import subprocess
 import sys
 
-
 CHECK = r"""
 import json, sys
-from launch.cli import main
+from launch.launcher.cli import main
 code = main(sys.argv[1:])
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "jaxlib", "flax", "optax", "orbax", "torch"))
 print(json.dumps({"code": code, "heavy": heavy}))

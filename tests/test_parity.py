@@ -3,18 +3,18 @@ same config, seed and data -> the same loss curve. This is what makes the compar
 
 import numpy as np
 import pytest
+from conftest import losses, run_cell
 
 from launch import config
-from launch.data import Batches
-from launch.params import init_param, named_params, stack, unstack
-
-from conftest import losses, run_cell
+from launch.core.params import init_param, named_params, stack, unstack
+from launch.data.batches import Batches
 
 
 def jax_forward_and_grads(m, weights, inputs, targets):
     import jax
     import jax.numpy as jnp
     from flax import nnx
+
     from jaxrun.mesh import path_name
     from jaxrun.model import Transformer, cross_entropy
 
@@ -32,6 +32,7 @@ def jax_forward_and_grads(m, weights, inputs, targets):
 
 def torch_forward_and_grads(m, per_layer, inputs, targets):
     import torch
+
     from torchrun_fsdp.model import Transformer, cross_entropy
 
     model = Transformer(m)
@@ -92,7 +93,7 @@ def test_jax_checkpoint_converts_into_torch_and_back(tmp_path):
 # sitecustomize (PYTHONPATH), so nothing in the code under test knows about it.
 EMBEDDING_DECAY = """
 import dataclasses
-import launch.params as P
+import launch.core.params as P
 _table = P.param_table
 P.param_table = lambda m: tuple(dataclasses.replace(s, decay=True) if s.name == "tok_embeddings" else s for s in _table(m))
 """

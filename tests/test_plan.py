@@ -2,7 +2,8 @@
 
 import json
 
-from launch import config, plan
+from launch import config
+from launch.launcher import plan
 
 
 def tiny_by_hand():
@@ -64,7 +65,7 @@ def test_text_plan_lists_commands(scaleout):
 
 def test_datasheet_peaks_match_the_most_specific_name():
     """H100 PCIe and the NVL parts are not the SXM figure; Blackwell is known (issue 12.7)."""
-    from launch.flops import datasheet_peak
+    from launch.core.flops import datasheet_peak
     assert datasheet_peak("NVIDIA H100 80GB HBM3") == 989e12
     assert datasheet_peak("NVIDIA H100 PCIe") == 756e12
     assert datasheet_peak("NVIDIA H100 NVL") == 835e12

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from launch import config, profile
+from launch import config
+from launch.common.files import read_records
 from launch.config import ConfigError
-from launch.files import read_records
+from launch.core import profile
 from tests.conftest import run_cli
 
 WINDOW = [5, 7]

@@ -4,10 +4,11 @@ import json
 
 import pytest
 import yaml
-
 from conftest import run_cli
-from launch import config, report
-from launch.profile import CATEGORIES
+
+from launch import config
+from launch.core.profile import CATEGORIES
+from launch.report import report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SECTION = "## Where the time goes"

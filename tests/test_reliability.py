@@ -10,7 +10,6 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import processes_mentioning, run_cli
 
 
@@ -20,7 +19,7 @@ def _sweep_args(tmp_path, name, *extra):
 
 
 def _finished(cell_dir):
-    from launch.files import last_summary
+    from launch.common.files import last_summary
     s = last_summary(cell_dir) or {}
     return s.get("status") == "ok" and s.get("steps") == 12
 

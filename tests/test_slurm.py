@@ -10,12 +10,11 @@ import time
 
 import numpy as np
 import pytest
+from conftest import in_ci, losses, run_cell, run_cli, summary
 
 from launch import config
 from launch.config import ConfigError
-from launch.targets import slurm, slurm_queue
-
-from conftest import in_ci, losses, run_cli, run_cell, summary
+from launch.targets.slurm import queue as slurm_queue, target as slurm
 
 CLUSTER = ["target=slurm", "slurm.gpus_per_node=0", "slurm.cpus_per_task=1", "slurm.time_min=10", "slurm.devices_per_node=2"]
 

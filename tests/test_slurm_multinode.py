@@ -1,6 +1,6 @@
-"""Two nodes, two tasks each: GPU selection (launch.gpus) and the SLURM target end to end on the `gpu` partition.
+"""Two nodes, two tasks each: GPU selection (launch.core.gpus) and the SLURM target end to end on the `gpu` partition.
 
-The first part needs no cluster: `launch.gpus` decided from plain environments, for every way a task can be given
+The first part needs no cluster: `launch.core.gpus` decided from plain environments, for every way a task can be given
 its GPUs. The rest runs on the 2-node cluster of scripts/slurm-local.sh (partition `gpu`: nodes n1, n2, two CPUs and
 two fake GPUs each), from inside real SLURM tasks and through the CLI as a user runs it:
 
@@ -26,11 +26,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from launch import gpus, metrics
-from launch.targets import slurm_queue
-
 from conftest import in_ci, losses, run_cli, summary
+
+from launch.core import gpus, metrics
+from launch.targets.slurm import queue as slurm_queue
 
 PROBE = [sys.executable, str(Path(__file__).resolve().parent / "gpu_probe.py"), "--select"]
 GPU_NODES = ["n1", "n2"]
@@ -44,7 +43,7 @@ HOLD_AT = 5
 HOLD = f"hold@{HOLD_AT}"
 
 
-# --------------------------------------------------------------------------- launch.gpus, no cluster needed
+# --------------------------------------------------------------------------- launch.core.gpus, no cluster needed
 
 def slurm_task(localid, visible=None, step=None, **more):
     """The environment of a SLURM task as CellJob hands it to a trainer."""
@@ -167,7 +166,7 @@ def test_check_platform_refuses_cpu_when_gpus_are_there():
 
 
 def test_launch_gpus_imports_no_framework():
-    code = "import sys, launch.gpus; print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'torch')))"
+    code = "import sys, launch.core.gpus; print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'torch')))"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr
 
@@ -371,7 +370,7 @@ def test_preempted_two_node_cell_is_requeued_and_resumes(gpu_partition, tmp_path
 @pytest.mark.slow
 def test_jax_on_cpu_with_gpus_fails_at_once(gpu_partition, tmp_path):
     """A JAX cell given (fake) GPUs by SLURM while its jaxlib is CPU-only: every task fails before the first step
-    with the one sentence of launch.gpus.check_platform (issue 12.4), never a JAX-on-CPU run next to torch-on-GPU."""
+    with the one sentence of launch.core.gpus.check_platform (issue 12.4), never a JAX-on-CPU run next to torch-on-GPU."""
     run = tmp_path / "runs" / "cpujax"
     args = _cli_args(tmp_path, "run.name=cpujax", "slurm.gpus_per_node=2", "slurm.wait=true", "train.steps=4",
                      "checkpoint.async=false")

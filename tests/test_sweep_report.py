@@ -4,14 +4,15 @@ import csv
 import json
 
 import numpy as np
-
 import pytest
 import yaml
-
-from launch import config, flops, report, rundir, sweep
-from launch.config import ConfigError
-
 from conftest import run_cli
+
+from launch import config
+from launch.config import ConfigError
+from launch.core import flops
+from launch.launcher import rundir, sweep
+from launch.report import report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -170,16 +171,17 @@ def test_local_sweep_end_to_end(tmp_path):
 def test_sweep_refuses_reusing_a_run_dir_with_other_math(tmp_path):
     base = ["sweep", f"run.dir={tmp_path}/runs", "sweep.devices=[1]", "run.name=x"]
     cfg = config.load(base[1:])
-    rid = rundir.planned_run_id(cfg)
-    sweep.write(cfg, sweep.expand(cfg, rid), rid, manifest=True)
+    run = rundir.RunDir(cfg)
+    cells = sweep.expand(cfg, run)
+    run.write(cells, sweep.manifest(cfg, cells))
     p = run_cli([*base, "model.n_layers=3"], cwd=tmp_path)
     assert p.returncode == 2 and "already holds cell jax-d1 with a different config" in p.stderr
 
 
 @pytest.mark.slow
 def test_tensorboard_events_mirror_the_metrics(tmp_path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from conftest import losses, run_cell
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     _, recs = run_cell(tmp_path, "train.steps=5", "metrics.tensorboard=true")
     tb = tmp_path / "runs" / "tiny" / "jax-d1" / "tensorboard"
     acc = EventAccumulator(str(tb))

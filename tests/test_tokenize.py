@@ -6,8 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from launch import config, corpus, tokenize
-from launch.data import Batches
+from launch import config
+from launch.data import corpus, tokenizer as tokenize
+from launch.data.batches import Batches
 
 TEXT = "Hello, world!\nThe quick brown fox — jumps over the lazy dog.  Tabs\tand ünïcödé 日本語 🙂\n\n  spaces  \n"
 
@@ -157,7 +158,7 @@ def test_synthetic_eval_stream_is_disjoint_and_fixed():
     train = {tuple(r) for s in range(20) for r in b.rows(s, 0, 8)}
     assert not any(tuple(r) in train for r in ev)
     # the seed words cannot coincide with training's (numpy pads seeds shorter than 4 words with zeros)
-    from launch.data import EVAL_STREAM
+    from launch.data.batches import EVAL_STREAM
     assert not np.array_equal(b.rows(EVAL_STREAM, 0, 1)[0], b.eval_rows(0, 0, 1)[0])
     # the same chain: a model learns both from the same transitions
     follows = np.mean(b.perm[ev[:, :-1]] == ev[:, 1:])

@@ -9,7 +9,6 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, losses, run_cell, summary
 
 pytestmark = pytest.mark.slow
@@ -174,8 +173,19 @@ def test_second_sigterm_ends_hung_ranks(tmp_path):
 def test_ranks_die_with_their_launcher_through_torchrun(tmp_path):
     """The launcher is SIGKILLed; torchrun between it and the ranks survives it, yet the ranks stop
     (watchdog on SCALEOUT_PARENT_PID), with a checkpoint, and then torchrun ends too."""
-    from jaxrun_helpers import alive, kill_all, records, start_under_launcher, steps_recorded, summary as last, \
-        torch_ranks, trainer_argv, trainer_env, wait_for, write_cell
+    from jaxrun_helpers import (
+        alive,
+        kill_all,
+        records,
+        start_under_launcher,
+        steps_recorded,
+        summary as last,
+        torch_ranks,
+        trainer_argv,
+        trainer_env,
+        wait_for,
+        write_cell,
+    )
     cfg = write_cell(tmp_path / "cell", "framework=torch", "devices=2", "train.steps=100000", "checkpoint.every=0")
     launcher, torchrun = start_under_launcher(trainer_argv("torch", cfg, nproc=2), tmp_path / "trainer.log", trainer_env(2))
     workers = []
@@ -199,6 +209,7 @@ def test_damaged_latest_checkpoint_falls_back_then_fails_in_one_sentence(tmp_pat
     keeps it as `step_<N>.corrupt` (not counted by keep-N, not overwritten by the next save of that step);
     with every step damaged (a deleted file) it fails in one sentence naming the directory."""
     import os
+
     from jaxrun_helpers import run_trainer, summary as last, write_cell
     base = ["framework=torch", "train.steps=12", "checkpoint.every=4", "checkpoint.keep=2"]
     ckpt = tmp_path / "cell" / "checkpoints"
@@ -225,7 +236,7 @@ def test_damaged_latest_checkpoint_falls_back_then_fails_in_one_sentence(tmp_pat
 
 def test_cpu_pytorch_on_a_host_with_gpus_is_refused_at_once(tmp_path):
     """Protects against: a CPU-only PyTorch build silently training on the CPU of a GPU host and being
-    compared with JAX on the GPUs (launch.gpus.check_platform, called in torchrun_fsdp's build). A plain
+    compared with JAX on the GPUs (launch.core.gpus.check_platform, called in torchrun_fsdp's build). A plain
     CPU run (no GPUs visible) still trains."""
     from jaxrun_helpers import run_trainer, summary as last, write_cell
     cfg = write_cell(tmp_path / "cell", "framework=torch", "train.steps=2")
@@ -240,9 +251,11 @@ def test_cpu_pytorch_on_a_host_with_gpus_is_refused_at_once(tmp_path):
 
 def test_keep_n_retention_and_every_step_records_the_scheduled_lr(tmp_path):
     """Protects against: checkpoint.keep ignored or off by one in the DCP commit (every step piles up); and
-    a step record whose lr is not the one launch.loop.lr_at gave that update (issue 19, uncovered 6 and 8)."""
-    from launch import config, loop
+    a step record whose lr is not the one launch.core.loop.lr_at gave that update (issue 19, uncovered 6 and 8)."""
     from jaxrun_helpers import run_trainer, summary as last, write_cell
+
+    from launch import config
+    from launch.core import loop
     cfg_path = write_cell(tmp_path / "cell", "framework=torch", "train.steps=8", "train.warmup_steps=3",
                           "checkpoint.every=2", "checkpoint.keep=2")
     p, recs = run_trainer("torch", cfg_path)

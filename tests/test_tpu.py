@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, run_cli, summary, wait_for
 
 FAKE = ROOT / "tests" / "fake_gcloud"
@@ -240,7 +239,7 @@ def test_setup_and_names_cannot_inject(tmp_path, fake):
     setup = [f"ln -sfn {fake.venv} ../venv", f"echo $(touch {pwn}1); touch {pwn}2", f"echo 'a' \"b\" `touch {pwn}3`",
              f"echo one\ntouch {pwn}4"]
     from launch import config
-    from launch.targets import tpu
+    from launch.targets.tpu import target as tpu
     cfg = config.replace(config.load(["target=tpu", "devices=8", "tpu.generation=v4"]), {"tpu.setup": setup})
     cmd = tpu.Commands(cfg, "v", "c").unpack_and_setup()[-1]
     assert f"echo '$(touch' '{pwn}1);' touch {pwn}2" in cmd and f"echo one touch {pwn}4" in cmd
@@ -319,16 +318,18 @@ def test_emulator_refuses_alpha_flags_on_ga_and_mismatched_software(fake):
     ("v6e", 4, "v6e-4", "v2-alpha-tpuv6e", "us-east1-d"),
 ])
 def test_software_version_and_zone_follow_the_generation(gen, devices, acc, version, zone):
-    from launch import config, rundir
-    from launch.targets import tpu
+    from launch import config
+    from launch.launcher import rundir
+    from launch.targets.tpu import target as tpu
     cfg = config.load(["target=tpu", f"tpu.generation={gen}", f"devices={devices}", "checkpoint.dir=gs://b/c"])
     cmds = tpu.plan_commands(rundir.cell_config(cfg, "c"), Path("/r/c"))
     assert f"--accelerator-type={acc} --runtime-version={version} --zone={zone}" in cmds[0]
 
 
 def test_a_zone_scaleout_does_not_know_is_passed_on():
-    from launch import config, rundir
-    from launch.targets import tpu
+    from launch import config
+    from launch.launcher import rundir
+    from launch.targets.tpu import target as tpu
     cfg = config.load(["target=tpu", "tpu.generation=v5e", "devices=4", "tpu.zone=asia-east9-z", "checkpoint.dir=gs://b/c"])
     assert "--zone=asia-east9-z" in tpu.plan_commands(rundir.cell_config(cfg, "c"), Path("/r/c"))[0]
 
@@ -372,7 +373,7 @@ def test_old_python_on_the_workers_is_one_sentence_before_training(tmp_path, fak
 
 def test_default_setup_makes_a_python311_venv_with_the_pinned_stack():
     from launch import config
-    from launch.targets import tpu
+    from launch.targets.tpu import target as tpu
     cfg = config.load(["target=tpu", "devices=4", "tpu.generation=v4"])
     c = tpu.Commands(cfg, "v", "c")
     setup = c.unpack_and_setup()[-1]
@@ -385,18 +386,20 @@ def test_default_setup_makes_a_python311_venv_with_the_pinned_stack():
 def test_workers_import_only_the_shipped_archive(tmp_path, fake, monkeypatch, capsys):
     """An archive that forgot a module fails on the workers (the project's editable install is not
     importable there), and the image's venv cannot import the project outside the unpacked code."""
-    from launch import config, sweep
-    from launch.targets import tpu, tpu_commands
+    from launch import config
+    from launch.launcher import sweep
+    from launch.launcher.rundir import RunDir
+    from launch.targets.tpu import commands as tpu_commands, target as tpu
     for k, v in fake.env.items():
         monkeypatch.setenv(k, v)
     real = tpu_commands.tracked_files
-    monkeypatch.setattr(tpu_commands, "tracked_files", lambda root: [f for f in real(root) if f != "launch/metrics.py"])
+    monkeypatch.setattr(tpu_commands, "tracked_files", lambda root: [f for f in real(root) if f != "launch/core/metrics.py"])
     cfg = config.load(_args(tmp_path, fake, "devices=4")[1:])
-    cells = sweep.single(cfg)
-    sweep.write(cfg, cells, cells[0].cfg.run.id, manifest=False)
+    run = RunDir(cfg)
+    cells = run.write(sweep.single(cfg, run))
     out = tpu.run_cell(cells[0])
     log = (tmp_path / "runs" / "t" / "jax-d4" / "logs" / "worker-0.log").read_text()
-    assert out.state == "failed" and re.search(r"No module named 'launch.metrics'|cannot import name 'metrics' from 'launch'",
+    assert out.state == "failed" and re.search(r"No module named 'launch.core.metrics'|cannot import name 'metrics' from 'launch.core'",
                                                log), log[-2000:]
     assert fake.deleted() == [NODE]
     p = subprocess.run([str(fake.venv / "bin" / "python"), "-c", "import launch"], cwd=tmp_path, capture_output=True, text=True,

@@ -10,9 +10,9 @@ import sys
 import urllib.request
 
 import pytest
-
 from conftest import ROOT, run_cell, run_cli
-from launch import trace
+
+from launch.report import trace
 
 UI = "https://ui.perfetto.dev"
 

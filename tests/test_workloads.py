@@ -3,12 +3,11 @@ a custom op with a hand-written backward, in both frameworks."""
 
 import numpy as np
 import pytest
+from conftest import losses, run_cell, summary
 
 from launch import config
-from launch.data import Batches, document_batch, document_positions, segments_from_eos
-from launch.params import init_param, named_params, stack
-
-from conftest import losses, run_cell, summary
+from launch.core.params import init_param, named_params, stack
+from launch.data.batches import Batches, document_batch, document_positions, segments_from_eos
 
 DOC = ["model.attention=document", "data.mean_doc_len=8"]
 
@@ -25,6 +24,7 @@ def jax_model(m):
     import jax
     import jax.numpy as jnp
     from flax import nnx
+
     from jaxrun.mesh import path_name
     from jaxrun.model import Transformer
 
@@ -50,6 +50,7 @@ def jax_logits_loss_grads(m, per_layer, d):
 
 def torch_model(m, per_layer, impl="sdpa"):
     import torch
+
     from torchrun_fsdp.model import Transformer
     model = Transformer(m, impl)
     model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in per_layer.items()}, strict=True)
@@ -58,6 +59,7 @@ def torch_model(m, per_layer, impl="sdpa"):
 
 def torch_logits_loss_grads(m, per_layer, d, impl="sdpa"):
     import torch
+
     from torchrun_fsdp.model import cross_entropy
     model = torch_model(m, per_layer, impl)
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a).astype(np.int64))  # noqa: E731
@@ -209,6 +211,7 @@ def _norm_inputs(seed=0):
 def test_jax_custom_rms_norm_gradients_equal_autodiff():
     import jax
     import jax.numpy as jnp
+
     from jaxrun.model import rms_norm
     from jaxrun.ops import rms_norm_custom
     x, w, g = map(jnp.asarray, _norm_inputs())
@@ -223,6 +226,7 @@ def test_jax_custom_rms_norm_gradients_equal_autodiff():
 
 def test_torch_custom_rms_norm_gradients_equal_autodiff():
     import torch
+
     from torchrun_fsdp.model import RMSNorm
     x, w, g = map(torch.from_numpy, _norm_inputs())
     grads = {}
@@ -241,6 +245,7 @@ def test_torch_custom_rms_norm_gradients_equal_autodiff():
 def test_torch_custom_rms_norm_compiles_with_fullgraph_and_no_graph_break():
     import torch
     import torch._dynamo
+
     from torchrun_fsdp.model import TransformerBlock, rope_tables
     cfg = config.load(["model.norm_impl=custom"])
     m = cfg.model

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from launch import config
-from launch.rundir import cell_config
+from launch.launcher.rundir import cell_config
 from torchrun_fsdp.__main__ import setup_distributed
 from torchrun_fsdp.train import TorchEngine
 

@@ -4,7 +4,7 @@ The rendezvous comes from the environment torchrun (or, under SLURM,
 `submitit.helpers.TorchDistributedEnvironment().export()`) sets: RANK, WORLD_SIZE, MASTER_ADDR...
 CPU uses gloo, CUDA uses NCCL. Started by hand without RANK, it runs as a single process.
 Everything around that (signal handlers first, logging, the failed summary of a failed start, the
-loop) is `launch.engine.run_trainer`, shared with the JAX trainer.
+loop) is `launch.core.engine.run_trainer`, shared with the JAX trainer.
 """
 
 import os
@@ -24,7 +24,7 @@ def setup_distributed(cfg) -> None:
     import torch
     import torch.distributed as dist
 
-    from launch.engine import threads_per_process
+    from launch.core.engine import threads_per_process
 
     if not dist.is_initialized():
         if "RANK" not in os.environ:  # started by hand as one process
@@ -43,7 +43,7 @@ def build(cfg, cell_dir):
     process group, build the engine."""
     import torch
 
-    from launch import gpus
+    from launch.core import gpus
     gpus.check_platform("torch", "cuda" if torch.cuda.is_available() else "cpu", os.environ)
     setup_distributed(cfg)
     from torchrun_fsdp.train import TorchEngine
@@ -57,12 +57,13 @@ def teardown() -> None:
 
 
 def main(argv=None, process_start: Optional[float] = None) -> int:
-    from launch import engine  # light: the stop-signal handlers are installed before anything slow
+    from launch.core import engine  # light: the stop-signal handlers are installed before anything slow
     return engine.run_trainer("torch", "python -m torchrun_fsdp", build, argv=argv, process_start=process_start,
                               teardown=teardown)
 
 
 if __name__ == "__main__":
     started = time.perf_counter()  # first: time to first step counts from here
-    from launch import engine, envvars
+    from launch.common import envvars
+    from launch.core import engine
     engine.exit_on_error(lambda: main(process_start=started), f"rank {envvars.process_index()}")

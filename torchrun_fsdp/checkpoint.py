@@ -8,7 +8,7 @@ writes meta.json and the COMMIT marker and renames the directory to `step_<N>`. 
 without COMMIT is never loaded (a warning names it). `checkpoint.async` uses `dcp.async_save`
 on a separate gloo group, with at most one save in flight. Loading goes through
 `get_state_dict`/`set_state_dict`, so a checkpoint written by 4 ranks loads on 2 (DCP reshards).
-Which checkpoint to load, and whether this cell may continue from it, is `launch.engine`'s rule.
+Which checkpoint to load, and whether this cell may continue from it, is `launch.core.engine`'s rule.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from launch import engine
-from launch.schema import Config
+from launch.config.schema import Config
+from launch.core import engine
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ load
     def restore_latest(self) -> int:
-        """Load the checkpoint `launch.engine.restore_latest` picks; the step it holds, 0 if none.
+        """Load the checkpoint `launch.core.engine.restore_latest` picks; the step it holds, 0 if none.
         Damaged newer steps of this cell's own directory that it skipped are set aside
         (`step_<N>.corrupt`, by rank 0) so keep-N and the next save of those steps do not trip over them."""
         got = engine.restore_latest(self.cfg, self._steps, self._read_meta, self._load,

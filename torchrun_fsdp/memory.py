@@ -1,6 +1,6 @@
 """Per-rank peak memory of the PyTorch trainer for a world size this machine does not have.
 
-    python -m torchrun_fsdp.memory CELL.yaml   -> a JSON list with one estimate on stdout (launch.aot runs it)
+    python -m torchrun_fsdp.memory CELL.yaml   -> a JSON list with one estimate on stdout (launch.launcher.aot runs it)
 
 One process stands in for rank 0 of `devices` ranks, as torchtitan's memory estimator does:
 - a fake process group (`init_process_group("fake", ...)`): every collective returns at once, so
@@ -34,8 +34,8 @@ import torch
 import torch.distributed as dist
 
 from launch import config as config_mod
-from launch.params import count_params
-from launch.schema import Config
+from launch.config.schema import Config
+from launch.core.params import count_params
 from torchrun_fsdp import parallel
 from torchrun_fsdp.model import Transformer, cross_entropy
 

@@ -1,10 +1,10 @@
 """The Llama-style decoder in PyTorch, the same math as `jaxrun.model`.
 
-Parameter names and (in, out) layouts follow `launch.params`, so `x @ W` reads the same in both
+Parameter names and (in, out) layouts follow `launch.core.params`, so `x @ W` reads the same in both
 frameworks and weights move between them without transposes. RoPE uses the rotate-half layout.
 
 `model.attention=document`: `forward` also takes `segment_ids` and `positions` (batch, seq) from
-`launch.data.DocBatch`; RoPE uses the per-document positions and attention is document-causal,
+`launch.data.batches.DocBatch`; RoPE uses the per-document positions and attention is document-causal,
 by one of two implementations (`torch.document_mask_impl`, resolved by the trainer):
 - flex: `torch.nn.attention.flex_attention` with a `BlockMask` built once per step from the
   segment ids (`create_block_mask`); blocks that are masked out entirely are skipped. It is
@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from launch.schema import ModelConfig
+from launch.config.schema import ModelConfig
 from torchrun_fsdp.ops import rms_norm_custom
 
 DOCUMENT_MASK_IMPLS = ("flex", "sdpa")

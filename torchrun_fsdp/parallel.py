@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from launch.config import mesh_shape
-from launch.schema import Config
+from launch.config.schema import Config
 
 
 def build_mesh(cfg: Config, device_type: str) -> DeviceMesh:
@@ -49,9 +49,10 @@ def apply_ac(model: torch.nn.Module, mode: str) -> None:
     """Activation checkpointing per block (`model.remat`: full; `dots` saves matmul outputs)."""
     if mode == "none":
         return
+    import functools
+
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
-    import functools
 
     def wrap(block):
         if mode == "full":

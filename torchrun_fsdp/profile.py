@@ -1,4 +1,4 @@
-"""The PyTorch trainer's profiler: `torch.profiler` traces and their breakdown (see `launch.profile`).
+"""The PyTorch trainer's profiler: `torch.profiler` traces and their breakdown (see `launch.core.profile`).
 
 The trace is a Chrome/Perfetto JSON file, `CELL/profile/process-<i>/rank<i>.pt.trace.json.gz`
 (the `.pt.trace.json` name TensorBoard's PyTorch profiler plugin looks for; Perfetto opens it as
@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from launch import profile
+from launch.core import profile
 
 MATMUL = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_?scaled_dot_product\w*|_?flash\w*|_efficient_attention\w*)$"
                     r"|flex_attention|gemm|cutlass|cublas|xmma|fmha|flash|sm\d+_xmma|ampere_|hopper_", re.I)

@@ -1,10 +1,10 @@
 """Model build, FSDP2 wrapping, optimizer and the train step of the PyTorch trainer (the `Engine`).
 
 The model is built on the meta device, sharded with FSDP2, then materialised: every rank fills
-only its own shard from the framework-neutral numpy init (`launch.params`), so no rank ever holds
+only its own shard from the framework-neutral numpy init (`launch.core.params`), so no rank ever holds
 the whole model. Conventions shared with the JAX trainer: torch's clip_grad_norm_ (norm + 1e-6),
 AdamW with eps outside the sqrt and decoupled decay on matmul weights only, lr from
-`launch.loop.lr_at` set on every step, fp32 matmul precision from `model.matmul_precision`.
+`launch.core.loop.lr_at` set on every step, fp32 matmul precision from `model.matmul_precision`.
 """
 
 from __future__ import annotations
@@ -21,15 +21,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from launch import engine, gpus
-from launch.data import Batches, document_batch
-from launch.params import init_param, named_params
-from launch.schema import Config
+from launch.config.schema import Config
+from launch.core import engine, gpus
+from launch.core.params import init_param, named_params
+from launch.data.batches import Batches, document_batch
 from torchrun_fsdp import parallel
 from torchrun_fsdp.checkpoint import Checkpointer
 from torchrun_fsdp.model import Transformer, cross_entropy
 from torchrun_fsdp.profile import TorchCapture
-
 
 # model.matmul_precision -> torch.set_float32_matmul_precision (`high` allows TF32), the same
 # choice the JAX trainer makes with jax_default_matmul_precision.
@@ -54,7 +53,7 @@ class TorchEngine:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.process_index, self.process_count = self.rank, self.world
         if torch.cuda.is_available():
-            # launch.gpus decides: 0 for a task bound to its own GPU (it sees only that one), else the local rank
+            # launch.core.gpus decides: 0 for a task bound to its own GPU (it sees only that one), else the local rank
             index = gpus.local_gpu_index(os.environ, torch.cuda.device_count())
             self.device = torch.device("cuda", 0 if index is None else index)
             torch.cuda.set_device(self.device)
@@ -86,7 +85,7 @@ class TorchEngine:
         dp = self.world
         self.rows_per_rank = t.global_batch // dp
         self.ckpt = Checkpointer(cfg, self.model, self.optimizer, self.rank)
-        self.capture = None  # the profiler while profile.steps runs (launch.profile)
+        self.capture = None  # the profiler while profile.steps runs (launch.core.profile)
 
     def _init_weights(self) -> None:
         m, seed = self.cfg.model, self.cfg.train.seed
@@ -105,7 +104,7 @@ class TorchEngine:
         return self.ckpt.restore_latest()
 
     def profiler(self, directory: Path) -> TorchCapture:
-        """A `torch.profiler` capture of this rank's steps (launch.profile)."""
+        """A `torch.profiler` capture of this rank's steps (launch.core.profile)."""
         self.capture = TorchCapture(directory, self.rank, self.device)
         return self.capture
 
@@ -192,7 +191,7 @@ class TorchEngine:
         return bool(t.item())
 
     def peak_flops_per_device(self) -> float:
-        from launch.flops import datasheet_peak
+        from launch.core.flops import datasheet_peak
         if self.device.type == "cuda":
             return datasheet_peak(self.device_kind) or 0.0
         with _all_host_cores():
@@ -231,7 +230,7 @@ def _canonical(name: str) -> str:
 
 
 def _cpu_matmul(n: int):
-    """One n x n fp32 matmul (what `launch.metrics.calibrate_matmul` times)."""
+    """One n x n fp32 matmul (what `launch.core.metrics.calibrate_matmul` times)."""
     a = torch.ones(n, n)
     return lambda: torch.mm(a, a)
 

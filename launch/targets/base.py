@@ -1,6 +1,6 @@
 """What every target is: the `Target` interface, the `Cell` it runs and the `Outcome` it reports.
 
-The orchestrator (`launch.sweep`) sits above the targets: it expands and writes the cells, skips
+The orchestrator (`launch.launcher.sweep`) sits above the targets: it expands and writes the cells, skips
 finished ones, hands the rest to one target and writes the report. A target only knows how to
 start a written cell on its machines (and, for schedulers, how to ask about its jobs); it never
 imports the orchestrator, and it knows a framework only as the command line and environment a
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Protocol, Sequence
 
-from launch.schema import Config
+from launch.config.schema import Config
 
 
 @dataclass

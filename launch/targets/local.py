@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from launch import envvars, files
-from launch.schema import Config
+from launch.common import envvars, files
+from launch.config.schema import Config
 from launch.targets import procs
 from launch.targets.base import Cell, ForegroundTarget, Outcome, exit_code
 
@@ -48,7 +48,7 @@ def free_port() -> int:
 
 
 def build(cfg: Config, cell_dir: Path, port: Optional[int] = None) -> LocalRequest:
-    from launch.engine import threads_per_process
+    from launch.core.engine import threads_per_process
     config_path = str(cell_dir / files.CONFIG_NAME)
     base_env = {"PYTHONUNBUFFERED": "1", envvars.DISTRIBUTED: "local"}
     if cfg.framework == "torch":

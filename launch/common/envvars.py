@@ -1,0 +1,35 @@
+"""The environment contract between the launcher, the targets and the trainer processes.
+
+A trainer is started with a config path and these variables (besides what `jax.distributed` and
+`torch.distributed` read themselves: RANK, WORLD_SIZE, MASTER_ADDR, SLURM_*, ...).
+"""
+
+from __future__ import annotations
+
+import os
+
+# How the processes of a cell find each other: "local" (explicit coordinator below), "slurm"
+# (jax.distributed's SLURM detection / submitit's rendezvous) or "tpu" (Cloud TPU detection).
+DISTRIBUTED = "SCALEOUT_DISTRIBUTED"
+# Explicit JAX coordinator for several local processes (and the TPU emulation).
+COORDINATOR = "SCALEOUT_COORDINATOR"
+NUM_PROCESSES = "SCALEOUT_NUM_PROCESSES"
+PROCESS_ID = "SCALEOUT_PROCESS_ID"
+# Fault injection for tests: KIND@STEP[:pN][:cell=NAME] (see launch.core.loop.Fault).
+FAULT = "SCALEOUT_FAULT"
+# Log verbosity the launcher passes down: a logging level name (INFO, DEBUG, WARNING).
+LOG_LEVEL = "SCALEOUT_LOG_LEVEL"
+# Prefix of the paths the TPU chip-freeing command touches (/dev/accel*, /tmp/libtpu_lockfile): empty on a
+# real TPU VM; the gcloud emulation points it at each worker's sandbox.
+TPU_SYSROOT = "SCALEOUT_TPU_SYSROOT"
+# The launcher's PID: a trainer whose launcher is gone stops (no orphans).
+PARENT_PID = "SCALEOUT_PARENT_PID"
+
+
+def process_index() -> int:
+    """This process's index before any distributed runtime exists (0 when started alone)."""
+    for name in (PROCESS_ID, "RANK", "SLURM_PROCID", "TPU_WORKER_ID", "CLOUD_TPU_TASK_ID"):
+        value = os.environ.get(name)
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    return 0

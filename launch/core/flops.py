@@ -1,0 +1,105 @@
+"""The one FLOPs formula, used by both trainers, `plan` and the report.
+
+FLOPs per token for a training step (forward + backward) = 6 * N + 12 * n_layers * seq_len * d_model
+
+N counts every matmul parameter: the attention and MLP weights of every block and the lm head;
+the input-embedding lookup and the norms are not matmuls and are excluded. The second term is the
+attention scores (QK^T) and the weighted sum (AV): 2 matmuls * 2 FLOPs * 3 (fwd + bwd) * seq_len *
+d_model per layer per token, with no discount for the causal mask (the PaLM / nanoGPT / torchtitan
+convention). Rematerialisation does not change it: MFU counts model FLOPs, not hardware FLOPs.
+
+Document masking (`model.attention=document`) does not change it either, in both frameworks: the
+attention term keeps counting full causal attention over the whole row, as PaLM's convention does
+for packed sequences. The FLOPs a document mask saves depend on the document lengths of each batch
+(with documents of length L in a row of T, about L/T of the causal work is needed), and which of
+them an implementation actually skips differs (flex_attention and splash attention skip masked
+blocks; SDPA with a dense mask and XLA's dot_product_attention compute them and discard the
+result). Counting the same model FLOPs for both masks keeps MFU a throughput figure on one scale:
+a document-mask run that skips work shows it as a higher MFU and tokens/s, never as a smaller
+denominator.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from launch.config.schema import ModelConfig
+from launch.core.params import count_params
+
+# Dense bf16 peak per device (FLOP/s) from vendor datasheets, matched against the device kind
+# string that jax / torch report. fp32 runs are still measured against this number (it is the
+# hardware's peak); CPU runs use a matmul calibrated in the same run instead.
+PEAK_FLOPS = {
+    "gb200": 2500e12,  # the Blackwell GPU of a GB200 superchip
+    "b200": 2250e12,  # HGX B200
+    "h200 nvl": 835e12,
+    "h200": 989e12,  # SXM
+    "h100 nvl": 835e12,
+    "h100 pcie": 756e12,
+    "h100": 989e12,  # SXM ("NVIDIA H100 80GB HBM3"); longer keys above win (most specific first)
+    "a100": 312e12,
+    "l4": 121e12,
+    "a10g": 125e12,
+    "tpu v4": 275e12,
+    "tpu v5 lite": 197e12,
+    "tpu v5e": 197e12,
+    "tpu v5p": 459e12,
+    "tpu v5": 459e12,
+    "tpu v6 lite": 918e12,
+    "tpu v6e": 918e12,
+}
+
+
+# Memory per device (bytes) from vendor datasheets, matched the same way: what `plan --compile` and
+# the sweep's fit check (`plan.check_fit`) compare a cell's per-device estimate against. The
+# runtime keeps a little of it for itself (XLA:TPU reports e.g. 15.75 of v5e's 16 GiB as usable).
+GIB = 2**30
+HBM_BYTES = {
+    "gb200": 186 * GIB,
+    "b200": 180 * GIB,
+    "h200": 141 * GIB,
+    "h100 nvl": 94 * GIB,
+    "h100": 80 * GIB,
+    "a100-sxm4-80gb": 80 * GIB,
+    "a100-pcie-80gb": 80 * GIB,
+    "a100 80gb": 80 * GIB,
+    "a100-80gb": 80 * GIB,
+    "a100": 40 * GIB,  # the 40 GB part; the 80 GB ones say so in their name
+    "l4": 24 * GIB,
+    "a10g": 24 * GIB,
+    "tpu v4": 32 * GIB,
+    "tpu v5 lite": 16 * GIB,
+    "tpu v5e": 16 * GIB,
+    "tpu v5p": 95 * GIB,
+    "tpu v5": 95 * GIB,
+    "tpu v6 lite": 32 * GIB,
+    "tpu v6e": 32 * GIB,
+}
+
+
+def flops_per_token(m: ModelConfig) -> int:
+    n = count_params(m)["matmul"]
+    return 6 * n + 12 * m.n_layers * m.seq_len * m.d_model
+
+
+def _datasheet(table: Dict[str, Any], device_kind: str) -> Optional[Any]:
+    """The entry of `table` whose key the device kind string contains, the most specific (longest) key first."""
+    kind = device_kind.lower()
+    for key in sorted(table, key=len, reverse=True):
+        if key in kind:
+            return table[key]
+    return None
+
+
+def datasheet_peak(device_kind: str) -> Optional[float]:
+    """Dense bf16 peak FLOP/s of one device for a device kind string, or None when unknown."""
+    return _datasheet(PEAK_FLOPS, device_kind)
+
+
+def mfu(tokens_per_s_per_device: float, m: ModelConfig, peak_flops_per_device: float) -> float:
+    return tokens_per_s_per_device * flops_per_token(m) / peak_flops_per_device
+
+
+def datasheet_hbm(device_kind: str) -> Optional[int]:
+    """Datasheet memory of one device (bytes) for a device kind string, or None when unknown."""
+    return _datasheet(HBM_BYTES, device_kind)

@@ -1,0 +1,270 @@
+"""Know that a cell compiles and fits before it costs cluster time: `scaleout plan --compile` and the
+sweep's fit check (`plan.check_fit=true`).
+
+Per cell, one figure per device, from the framework's own machinery on this machine:
+
+- jax: the trainer's real train step (`jaxrun.train.TrainStep`: the same function, shardings and
+  donation, `grad_accum`, `remat` and `scan_layers` included) lowered and compiled ahead of time
+  (`jaxrun.aot`), for the TPU slice that `devices` and `tpu.generation` name through libtpu's
+  topology description (target tpu; needs the `tpu-aot` extra), else for simulated CPU devices.
+  Memory from XLA's `memory_analysis()`: arguments + outputs - aliased (donated state) + temporaries
+  (activations, compiler scratch) + generated code. FLOPs from `cost_analysis()` next to
+  `launch.core.flops` x tokens.
+- torch: one forward + backward + optimizer step of the real model and FSDP2 wrapping for the
+  cell's world size in one process: a fake process group and `FakeTensorMode`, measured by
+  `torch.distributed._tools.FSDPMemTracker` (`torchrun_fsdp.memory`).
+
+Both run in a subprocess of this interpreter (jax or torch is never imported here) that prints
+JSON; the limit each estimate is compared with is `device_limit`'s. Nothing is written: the
+configs the subprocess reads live in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from launch import config as config_mod
+from launch.common import files
+from launch.config import ConfigError
+from launch.config.schema import Config
+from launch.core import flops
+from launch.targets.errors import SubmitError
+
+log = logging.getLogger(__name__)
+
+EXTRA = "tpu-aot"
+INSTALL = f"pip install 'scaleout[{EXTRA}]'"
+GIB = 2**30
+TIMEOUT_S = 1800.0  # per cell of an estimating subprocess (300m compiles for a TPU slice in ~8 min on 2 busy cores)
+KNOBS = "model.remat=full (or dots), a larger train.grad_accum, more fsdp (devices / parallel.fsdp), or a smaller train.global_batch"
+
+
+# --------------------------------------------------------------------------- TPU slices
+
+# chips -> the slice's torus: 2-D for v5e / v6e, 3-D for v4 / v5p (one JAX device per chip; megacore).
+TORUS_2D = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16), 256: (16, 16)}
+TORUS_3D = {4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 4, 4), 128: (4, 4, 8),
+            256: (4, 8, 8), 512: (8, 8, 8), 1024: (8, 8, 16), 2048: (8, 16, 16), 4096: (16, 16, 16)}
+CHIP_CONFIG = {"v4": "megacore", "v5p": "megacore", "v5e": "default", "v6e": "default"}
+
+
+def tpu_topology(cfg: Config) -> Dict[str, Any]:
+    """What `jax.experimental.topologies.get_topology_desc` needs for the cell's slice, and the slice's
+    shape: e.g. v5e-32 is `v5e:4x8`, 8 hosts of 2x2 chips."""
+    from launch.targets.tpu.target import slice_of
+    s = slice_of(cfg)
+    gen = s.generation
+    dims = TORUS_2D[s.chips] if gen in ("v5e", "v6e") else TORUS_3D[s.chips]
+    if s.workers == 1:
+        per_host = dims + (1,) * (3 - len(dims))
+    else:
+        per_host = (2, 2, 1)
+    hosts = s.chips // (per_host[0] * per_host[1] * per_host[2])
+    if hosts != s.workers:
+        raise ConfigError(f"devices={cfg.devices} on {gen}: no known host layout for {s.accelerator_type} "
+                          f"({s.workers} hosts expected); plan --compile knows {', '.join(map(str, sorted(TORUS_2D if gen in ('v5e', 'v6e') else TORUS_3D)))} chips.")
+    return {"name": f"{gen}:" + "x".join(map(str, dims)), "chip_config_name": CHIP_CONFIG[gen],
+            "chips_per_host_bounds": list(per_host), "hosts": hosts, "chips_per_host": s.chips // hosts,
+            "accelerator_type": s.accelerator_type}
+
+
+def tpu_env(accelerator_type: str) -> Dict[str, str]:
+    """Environment for libtpu on a machine without TPUs: no metadata server, no chips to lock."""
+    return {"TPU_SKIP_MDS_QUERY": "1", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "TPU_ACCELERATOR_TYPE": accelerator_type,
+            "TPU_WORKER_ID": "0", "TPU_WORKER_HOSTNAMES": "localhost", "JAX_PLATFORMS": "cpu"}
+
+
+# --------------------------------------------------------------------------- limits
+
+def host_memory_bytes() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def device_limit(cfg: Config, device_kind: Optional[str] = None) -> Tuple[Optional[int], str]:
+    """(bytes one device may use, where that figure comes from); (None, why) when nothing says."""
+    p = cfg.plan
+    if p.device_memory_gib:
+        return int(p.device_memory_gib * GIB), f"plan.device_memory_gib={p.device_memory_gib:g}"
+    if cfg.target == "tpu":
+        kind = device_kind or f"tpu {cfg.tpu.generation}"
+        hbm = flops.datasheet_hbm(kind)
+        return hbm, f"datasheet HBM of {kind}"
+    if p.device:
+        hbm = flops.datasheet_hbm(p.device)
+        if hbm is None:
+            known = ", ".join(sorted(flops.HBM_BYTES))
+            raise ConfigError(f"plan.device={p.device!r} is not in the datasheet table; name one of {known}, "
+                              "or set plan.device_memory_gib.")
+        return hbm, f"datasheet memory of {p.device}"
+    if cfg.target == "slurm":
+        if cfg.slurm.gpus_per_node:
+            return None, "the GPU model is unknown: set plan.device (e.g. h100) or plan.device_memory_gib"
+        if cfg.slurm.mem_gb:
+            ranks = min(cfg.devices, cfg.slurm.devices_per_node)
+            return cfg.slurm.mem_gb * GIB // ranks, f"slurm.mem_gb={cfg.slurm.mem_gb} / {ranks} task(s) per node"
+        return None, "the nodes' memory is unknown: set slurm.mem_gb or plan.device_memory_gib"
+    return host_memory_bytes() // cfg.devices, f"host memory / {cfg.devices} device(s) sharing it"
+
+
+# --------------------------------------------------------------------------- running the estimators
+
+def needs_tpu_extra(cfgs: Sequence[Config]) -> bool:
+    return any(c.framework == "jax" and c.target == "tpu" for c in cfgs)
+
+
+def check_available(cfgs: Sequence[Config]) -> None:
+    """One sentence saying what to install, before any subprocess starts."""
+    if any(c.framework == "torch" and c.target == "tpu" for c in cfgs):
+        raise ConfigError("framework=torch with target=tpu is not supported (PyTorch on TPU needs torch_xla, which "
+                          "scaleout does not drive); use framework=jax on TPU.")
+    fws = {c.framework for c in cfgs}
+    for fw, extra in (("jax", "jax"), ("torch", "torch")):
+        if fw in fws and importlib.util.find_spec(fw) is None:
+            raise SubmitError(f"plan --compile for framework={fw} needs {fw} in this Python ({sys.executable}); "
+                              f"install it with pip install 'scaleout[{extra}]'.")
+    if needs_tpu_extra(cfgs) and importlib.util.find_spec("libtpu") is None:
+        raise SubmitError(f"plan --compile with target=tpu compiles for the TPU slice through libtpu, which is not "
+                          f"installed in this Python ({sys.executable}); install it with {INSTALL}.")
+
+
+def _run(module: str, paths: List[Path], env: Dict[str, str], what: str) -> List[Dict[str, Any]]:
+    cmd = [sys.executable, "-m", module, *map(str, paths)]
+    log.debug(f"estimating {what}: {' '.join(cmd)}")
+    timeout = TIMEOUT_S * len(paths)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise SubmitError(f"estimating {what} took longer than {timeout:.0f} s; try one cell at a time "
+                          "(scaleout plan --compile ...).") from None
+    if p.returncode:
+        last = [line for line in p.stderr.splitlines() if line.strip()][-3:] or [f"exit code {p.returncode}"]
+        raise SubmitError(f"estimating {what} failed ({module}): {' | '.join(last)}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def estimate(cfgs: Sequence[Config], names: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
+    """One estimate per config (in order), each with `limit_bytes`, `limit_source` and `fits`."""
+    check_available(cfgs)
+    names = list(names or [f"{c.framework}-{c.devices}" for c in cfgs])
+    out: List[Optional[Dict[str, Any]]] = [None] * len(cfgs)
+    with tempfile.TemporaryDirectory(prefix="scaleout-aot-") as tmp:
+        paths = []
+        for i, c in enumerate(cfgs):
+            paths.append(Path(tmp) / f"{i}.yaml")
+            config_mod.save(c, paths[-1])
+        jax_tpu = [i for i, c in enumerate(cfgs) if c.framework == "jax" and c.target == "tpu"]
+        jax_cpu = [i for i, c in enumerate(cfgs) if c.framework == "jax" and c.target != "tpu"]
+        torch_cells = [i for i, c in enumerate(cfgs) if c.framework == "torch"]
+        by_type: Dict[str, List[int]] = {}
+        for i in jax_tpu:  # a slice shape it cannot lay out is a one-sentence error here, before any compile
+            topo = tpu_topology(cfgs[i])
+            files.write_json(paths[i].with_suffix(files.TOPOLOGY_SUFFIX), topo)  # what jaxrun.aot compiles for
+            by_type.setdefault(topo["accelerator_type"], []).append(i)
+        for accelerator_type, idx in by_type.items():  # one process per slice type: libtpu reads it at start
+            for i, r in zip(idx, _run("jaxrun.aot", [paths[i] for i in idx], tpu_env(accelerator_type),
+                                      f"the {accelerator_type} compile")):
+                out[i] = r
+        if jax_cpu:
+            n = max(cfgs[i].devices for i in jax_cpu)
+            env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
+            for i, r in zip(jax_cpu, _run("jaxrun.aot", [paths[i] for i in jax_cpu], env, "the CPU compile")):
+                out[i] = r
+        for i in torch_cells:  # one process per world size: the fake process group is per process
+            out[i] = _run("torchrun_fsdp.memory", [paths[i]], {}, f"cell {names[i]}")[0]
+    for i, (c, r) in enumerate(zip(cfgs, out)):
+        assert r is not None
+        r["cell"] = names[i]
+        limit, source = device_limit(c, r.get("device_kind"))
+        if r.get("compiler_limit_bytes") and not c.plan.device_memory_gib:
+            limit, source = r["compiler_limit_bytes"], f"usable HBM of {r.get('device_kind')} reported by XLA"
+        r["limit_bytes"], r["limit_source"] = limit, source
+        total = (r.get("memory") or {}).get("total")
+        r["fits"] = None if limit is None or total is None else bool(total <= limit)
+    return out  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- the fit check
+
+def refusal(r: Dict[str, Any]) -> Optional[str]:
+    """The one sentence refusing a cell whose estimate exceeds its limit, or None."""
+    if r.get("fits") is not False:
+        return None
+    return (f"cell {r['cell']} needs about {_gib(r['memory']['total'])} per device ({r['method']}) but a device has "
+            f"{_gib(r['limit_bytes'])} ({r['limit_source']}); try {KNOBS}.")
+
+
+def check_fit(cfg: Config, cells: Sequence[Any]) -> Dict[str, Dict[str, Any]]:
+    """`plan.check_fit`: estimate every cell; a ConfigError naming the first that does not fit."""
+    results = estimate([c.cfg for c in cells], [c.name for c in cells])
+    refused = [r for r in results if refusal(r)]
+    if refused:
+        others = [r["cell"] for r in refused[1:]]
+        more = f" (cell{'s' if len(others) > 1 else ''} {', '.join(others)} do{'es' if len(others) == 1 else ''} not fit either)" if others else ""
+        raise ConfigError(refusal(refused[0])[:-1] + more + "; nothing was written or started.")
+    return {r["cell"]: r for r in results}
+
+
+# --------------------------------------------------------------------------- output
+
+def _gib(n: Optional[float]) -> str:
+    if n is None:
+        return "?"
+    return f"{n / GIB:.2f} GiB" if n >= 2**27 else f"{n / 2**20:.1f} MiB"
+
+
+def format_text(results: Sequence[Dict[str, Any]]) -> str:
+    lines = []
+    for r in results:
+        lines.append(f"# {r['cell']}: {r['framework']} on {r['devices']} device(s), {r['where']}")
+        lines.append("mesh: " + " x ".join(f"{k}={v}" for k, v in r["mesh"].items()))
+        mem = r.get("memory") or {}
+        if r["framework"] == "jax":
+            if r.get("compiled", True):
+                lines.append(f"per device: arguments {_gib(mem.get('argument'))} + outputs {_gib(mem.get('output'))} "
+                             f"- aliased (donated) {_gib(mem.get('alias'))} + temporaries {_gib(mem.get('temp'))} "
+                             f"+ code {_gib(mem.get('generated_code'))} = {_gib(mem.get('total'))}")
+            elif "temp" in mem:
+                lines.append(f"per device: arguments {_gib(mem.get('argument'))} + temporaries {_gib(mem.get('temp'))} "
+                             f"= at least {_gib(mem.get('total'))} (XLA refused to compile it)")
+            else:
+                lines.append(f"per device: {_gib(mem.get('total'))} (XLA refused to compile it)")
+            cpu = f", {r['compile_cpu_s']:.1f} s of CPU" if r.get("compile_cpu_s") is not None else ""
+            lines.append(f"compile: {r['compile_s']:.2f} s{cpu} (+ {r['lower_s']:.2f} s tracing and lowering)")
+        else:
+            parts = ", ".join(f"{k} {_gib(v)}" for k, v in (r.get("breakdown") or {}).items() if v)
+            lines.append(f"per rank peak: {_gib(mem.get('total'))} ({r['method']}){': ' + parts if parts else ''}")
+        verdict = {True: "fits", False: "DOES NOT FIT", None: "no verdict"}[r["fits"]]
+        lines.append(f"limit: {_gib(r['limit_bytes']) if r['limit_bytes'] else '?'} per device ({r['limit_source']}) -> {verdict}")
+        f = r.get("flops")
+        if f:
+            xla = f.get("xla_per_device")
+            ratio = f"{f['ratio']:.3f}" if f.get("ratio") is not None else "?"
+            lines.append(f"flops/step per device: XLA {xla:,.0f} vs formula {f['formula_per_device']:,.0f} "
+                         f"(6*N + 12*L*T*d per token x {f['tokens_per_step']:,} tokens / {r['devices']}) -> ratio {ratio}"
+                         if xla is not None else "flops: not reported by the compiler")
+        for note in r.get("notes", []):
+            lines.append(f"note: {note}")
+        if r["fits"] is False:
+            lines.append(f"help: {KNOBS}")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def to_json(results: Sequence[Dict[str, Any]]) -> str:
+    return json.dumps({"compile": list(results)}, indent=2)
+
+
+def timestamped(results: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    """The estimates as they go into each cell's files.ESTIMATE_NAME."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    return {k: {**v, "estimated_at": now} for k, v in results.items()}

@@ -1,0 +1,159 @@
+"""The orchestrator: `scaleout sweep` and `scaleout run` (a sweep of one cell), for every target.
+
+    expand   frameworks x devices (x sweep.extra) into cells, each a fully resolved config
+    check    every cell valid for the target, the environment ready (preflight), no cell of the
+             run directory written with other math, no checkpoint directory of another run,
+             no cell held by another launcher or a live job, and with `plan.check_fit` every
+             cell's per-device memory estimated (launch.launcher.aot) within the device's -- all before
+             anything is written
+    write    under the run lock: run.json (created once), each <cell>/config.yaml, sweep.json (and
+             <cell>/estimate.json when estimated) -- the run directory object (launch.launcher.rundir)
+             answers every question about names, places, identity and ownership
+    run      skip finished cells, hand the rest to the target (launch.targets), once
+    report   when the target's results are final (local, tpu, slurm with slurm.wait)
+
+Weak scaling keeps the per-device batch fixed: `train.global_batch` is the global batch at the
+smallest device count and grows in proportion. Strong scaling keeps `train.global_batch` for
+every cell. A rerun of the same sweep skips finished cells and resumes unfinished ones from their
+checkpoints; a failing cell does not stop the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from typing import Any, Dict, List, Optional, Sequence
+
+from launch.common import files
+from launch.config import ConfigError
+from launch.config.schema import Config
+from launch.launcher import inputs, rundir
+from launch.launcher.rundir import RunDir
+from launch.launcher.lock import CellLocks
+from launch.targets import Cell, Outcome, get as get_target
+from launch.targets.errors import SubmitError
+
+log = logging.getLogger(__name__)
+
+
+def global_batch(cfg: Config, devices: int) -> int:
+    if cfg.sweep.scaling == "strong":
+        return cfg.train.global_batch
+    nmin = min(cfg.sweep.devices)
+    if cfg.train.global_batch % nmin:
+        raise ConfigError(f"train.global_batch={cfg.train.global_batch} is not divisible by the smallest sweep device count {nmin}; "
+                          f"with sweep.scaling=weak it is the global batch at {nmin} device(s) and must split evenly over them.")
+    return cfg.train.global_batch // nmin * devices
+
+
+def expand(cfg: Config, run: Optional[RunDir] = None) -> List[Cell]:
+    """Every cell of the sweep, each with its own resolved config; raises ConfigError naming the first bad cell."""
+    run = run or RunDir(cfg)
+    keys = list(cfg.sweep.extra)
+    combos = list(itertools.product(*(cfg.sweep.extra[k] for k in keys))) if keys else [()]
+    cells = []
+    for fw in cfg.sweep.frameworks:
+        for d in cfg.sweep.devices:
+            for combo in combos:
+                extra = dict(zip(keys, combo))
+                try:
+                    cells.append(run.cell(fw, d, extra, {"train.global_batch": global_batch(cfg, d)}))
+                except ConfigError as e:
+                    raise ConfigError(f"sweep cell {rundir.cell_name(fw, d, extra)}: {e}") from None
+    if len({c.name for c in cells}) != len(cells):
+        raise ConfigError("sweep.devices or sweep.frameworks lists a value twice; each cell must be unique.")
+    return cells
+
+
+def single(cfg: Config, run: Optional[RunDir] = None) -> List[Cell]:
+    """`scaleout run`: the one cell of `framework` x `devices`."""
+    return [(run or RunDir(cfg)).cell(cfg.framework, cfg.devices)]
+
+
+def check(cfg: Config, run: RunDir, cells: Sequence[Cell]) -> Dict[str, Dict[str, Any]]:
+    """Everything that can refuse the run, before anything is written; returns the fit check's
+    estimates per cell name (empty without `plan.check_fit`)."""
+    run.check_identity()
+    target = get_target(cfg.target)
+    for c in cells:
+        try:
+            inputs.check(c.cfg)
+            target.validate(c.cfg)
+        except ConfigError as e:
+            raise ConfigError(f"cell {c.name}: {e}" if len(cells) > 1 else str(e)) from None
+    run.check(cells)
+    for c in cells:
+        target.preflight(c.cfg)
+    live = {name: job for name, job in target.jobs(run.path).items() if job.live}
+    for c in cells:
+        if c.name in live:
+            raise SubmitError(f"cell {c.name} already has a live job {live[c.name].job_id} ({live[c.name].state}); "
+                              f"wait for it, or stop it with `scaleout cancel {run.path} {c.name}`.")
+    if not cfg.plan.check_fit:
+        return {}
+    from launch.launcher import aot  # last: it compiles or traces every cell
+    log.info(f"plan.check_fit: estimating the per-device memory of {len(cells)} cell(s)")
+    return aot.check_fit(cfg, cells)
+
+
+def is_finished(c: Cell) -> bool:
+    s = files.last_summary(c.dir)
+    return bool(s) and s.get("status") == "ok" and (s.get("steps") or 0) >= c.cfg.train.steps
+
+
+def manifest(cfg: Config, cells: Sequence[Cell]) -> Dict[str, Any]:
+    """sweep.json: the cells of a sweep, in order, with what distinguishes them."""
+    return {"scaling": cfg.sweep.scaling, "target": cfg.target, "model": cfg.model.name,
+            "cells": [{"name": c.name, "framework": c.framework, "devices": c.devices, "extra": c.extra,
+                       "global_batch": c.cfg.train.global_batch} for c in cells]}
+
+
+def execute(cfg: Config, run: RunDir, cells: List[Cell], is_sweep: bool) -> List[Outcome]:
+    """Check, write, skip finished cells and run the rest on the target; returns the outcomes of those run."""
+    estimates = check(cfg, run, cells)
+    target = get_target(cfg.target)
+    todo = [c for c in cells if not is_finished(c)]
+    foreground = cfg.target != "slurm"  # slurm's launcher hands the cells to jobs and leaves
+    with CellLocks([c.dir for c in todo]) if foreground else contextlib.nullcontext():
+        cells = run.write(cells, manifest(cfg, cells) if is_sweep else None)
+        todo = [c for c in cells if c.name in {t.name for t in todo}]
+        if estimates:
+            from launch.launcher import aot
+            for c in cells:
+                files.write_json(c.dir / files.ESTIMATE_NAME, aot.timestamped(estimates)[c.name])
+        if is_sweep:
+            log.info(f"sweep of {len(cells)} cells ({cfg.sweep.scaling} scaling, target={cfg.target}) in {run.path}")
+        for c in cells:
+            if c not in todo:
+                log.info(f"cell {c.name}: finished earlier, skipped")
+            elif not is_sweep:
+                log.info(f"cell {c.name}: {c.dir}")
+        return target.run(todo, run.path) if todo else []
+
+
+def run_sweep(cfg: Config) -> int:
+    run = RunDir(cfg)
+    outcomes = execute(cfg, run, expand(cfg, run), is_sweep=True)
+    if not all(o.final for o in outcomes):
+        log.info(f"follow with: scaleout status {run.path}  |  scaleout logs {run.path} CELL --follow  |  scaleout report {run.path}")
+        return 0
+    from launch.report import report
+    out = report.write(run.path)
+    log.info(f"report: {out['md']}")
+    log.info(f"plots:  {', '.join(str(p) for p in out['plots'])}")
+    failed = [o.cell for o in outcomes if o.state == "failed"]
+    if failed:
+        log.info(f"{len(failed)} cell(s) failed: {', '.join(failed)} (see the report and <cell>/logs/)")
+    return 1 if failed else 0
+
+
+def run_single(cfg: Config) -> int:
+    run = RunDir(cfg)
+    outcomes = execute(cfg, run, single(cfg, run), is_sweep=False)
+    if not outcomes:
+        return 0
+    o = outcomes[0]
+    if o.state == "submitted":
+        log.info(f"follow with: scaleout status {run.path}  |  scaleout logs {run.path} {o.cell} --follow")
+    return o.code

@@ -1,0 +1,3 @@
+"""The report from a run directory alone (`report`: report.md, report.json, report.csv, plots), its
+"Where the time goes" section (`breakdown`), and the trace server (`trace`). Reads files only; never
+imports jax or torch, so it runs on a login node."""

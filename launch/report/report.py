@@ -1,0 +1,413 @@
+"""`scaleout report RUN_DIR`: the scaling report, from the run directory alone.
+
+Writes report.md, report.json, report.csv and PNG plots (throughput per device, scaling
+efficiency, loss curves, start-up cost; with profile.steps, the step-time breakdown of
+`launch.report.breakdown`). Definitions:
+
+- start-up cost: `time_to_first_step_s`, from process start to the end of the first step; it
+  contains compilation (XLA for JAX; torch.compile when enabled), initialisation and restore.
+- wall time of an n-step run: start-up + (n - 1) * mean steady step time.
+- compile break-even at a device count: the framework with the larger start-up cost catches up
+  after n = 1 + (startup_slow - startup_fast) / (step_other - step_own) steps if its steps are
+  faster; otherwise "never".
+- weak-scaling efficiency: tokens/s per device at N / at the smallest N; strong: speed-up /
+  (N / N_min).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from omegaconf import OmegaConf
+
+from launch.common import files
+from launch.common.files import CONFIG_NAME, LOGS_DIR, METRICS_NAME, SWEEP_FILE
+from launch.report import breakdown as report_profile
+
+ROW_FIELDS = ["cell", "framework", "devices", "processes", "global_batch", "tokens_per_s", "tokens_per_s_per_device",
+              "mfu", "step_time_p50_s", "step_time_p90_s", "compile_s", "time_to_first_step_s",
+              "peak_memory_bytes", "final_loss", "final_eval_loss", "steps", "status", "error", "est_memory_bytes", "est_limit_bytes",
+              "est_compile_s"]
+
+
+class ReportError(Exception):
+    pass
+
+
+FINISHED_RE = re.compile(r"\[scaleout\] (ok|stopped): (\d+) steps")
+ERROR_RE = re.compile(r"\[scaleout\].* error|Error\b|error:")
+
+
+def _log_lines(cell_dir: Path) -> List[str]:
+    logs = sorted((cell_dir / LOGS_DIR).glob("*.log")) if (cell_dir / LOGS_DIR).is_dir() else []
+    lines: List[str] = []
+    for path in logs:
+        lines += [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    return lines
+
+
+def _explain(cell_dir: Path, summary: Optional[Dict[str, Any]], last_step: Optional[int]) -> Tuple[str, Optional[str]]:
+    """(status, error) of a cell without an ok summary, saying only what the files support."""
+    if summary and summary.get("status") in ("failed", "stopped"):
+        error = str(summary.get("error") or "").strip().splitlines()
+        return summary["status"], (error[-1] if error else None)
+    lines = _log_lines(cell_dir)
+    finished = [m for m in (FINISHED_RE.search(line) for line in lines) if m]
+    if finished:  # the trainer said it ended, but its records are gone or torn
+        return "incomplete", f"metrics lost or incomplete; the log says it finished at step {finished[-1].group(2)}"
+    errors = [line for line in lines if ERROR_RE.search(line)]
+    if errors:
+        return "failed", errors[-1].strip()
+    if last_step is not None:
+        return "incomplete", f"metrics end at step {last_step} without a summary (still running, or killed)"
+    return "not run", ("its processes wrote output but no metrics" if lines else None)
+
+
+def load_cell(cell_dir: Path) -> Dict[str, Any]:
+    cfg = OmegaConf.to_container(OmegaConf.load(cell_dir / CONFIG_NAME))
+    recs = files.read_records(cell_dir / METRICS_NAME)
+    summaries = [r for r in recs if r.get("kind") == "summary"]
+    starts = [r for r in recs if r.get("kind") == "start"]
+    s = summaries[-1] if summaries else None
+    row: Dict[str, Any] = {k: None for k in ROW_FIELDS}
+    row.update({"cell": cell_dir.name, "framework": cfg["framework"], "devices": cfg["devices"],
+                "global_batch": cfg["train"]["global_batch"]})
+    if s:
+        row.update({k: s.get(k) for k in ROW_FIELDS if k in s and k not in ("cell", "error")})
+        row["step_time_mean_s"] = s.get("step_time_mean_s")
+    steps, evals = {}, {}
+    for r in recs:
+        if r.get("kind") == "step" and isinstance(r.get("step"), int):
+            steps[r["step"]] = r.get("loss")
+        if r.get("kind") == "eval" and isinstance(r.get("step"), int):  # held-out loss (train.eval_every)
+            evals[r["step"]] = r.get("loss")
+    if not s or s.get("status") != "ok":
+        row["status"], row["error"] = _explain(cell_dir, s, max(steps) if steps else None)
+    est = files.read_json(cell_dir / files.ESTIMATE_NAME)
+    if isinstance(est, dict):
+        row["est_memory_bytes"] = (est.get("memory") or {}).get("total")
+        row["est_limit_bytes"], row["est_compile_s"] = est.get("limit_bytes"), est.get("compile_s")
+        row["_est_method"] = est.get("method")
+    row["_loss"] = sorted(steps.items())
+    row["_eval"] = sorted(evals.items())
+    row["_start"] = starts[-1] if starts else {}
+    profiles = [r for r in recs if r.get("kind") == "profile"]  # profile.steps: the traced window's breakdown
+    row["_profile"] = profiles[-1] if profiles else None
+    row["_profiled_steps"] = s.get("profiled_steps") if s else None
+    row["_cfg"] = cfg
+    return row
+
+
+def break_even(startup_a: float, step_a: float, startup_b: float, step_b: float) -> Dict[str, Any]:
+    """Which of a/b has the larger start-up cost and after how many steps it catches up (or never)."""
+    slow_is_a = startup_a >= startup_b
+    s_up, s_step, o_up, o_step = (startup_a, step_a, startup_b, step_b) if slow_is_a else (startup_b, step_b, startup_a, step_a)
+    if s_step >= o_step:
+        n: Any = "never"
+    else:
+        n = max(1, math.ceil(1 + (s_up - o_up) / (o_step - s_step)))
+    return {"slower_start": "a" if slow_is_a else "b", "steps": n}
+
+
+def wall_time(startup: float, step: float, n: int) -> float:
+    return startup + (n - 1) * step
+
+
+def variant(row: Dict[str, Any]) -> str:
+    """The sweep.extra part of a cell's name (`jax-d2-attention_document` -> `attention_document`), '' if none."""
+    parts = str(row.get("cell", "")).split("-", 2)
+    return parts[2] if len(parts) == 3 else ""
+
+
+def derive(rows: List[Dict[str, Any]], scaling: str, horizon: int) -> Dict[str, Any]:
+    """Scaling efficiency, JAX/PyTorch ratio, compile break-even and loss gap per device count. With
+    sweep.extra a framework has several cells per device count: these figures compare the cells of the
+    first extra combination (the sweep's first, `variant`); the workloads section compares the others."""
+    base_variant = variant(rows[0]) if rows else ""
+    rows = [r for r in rows if variant(r) == base_variant]
+    ok = [r for r in rows if r["status"] == "ok" and r["tokens_per_s"]]
+    out: Dict[str, Any] = {"scaling": scaling, "horizon_steps": horizon, "variant": base_variant or None,
+                           "efficiency": {}, "jax_over_torch": {}, "break_even": {}, "loss_gap": {}}
+    for fw in sorted({r["framework"] for r in ok}):
+        mine = sorted((r for r in ok if r["framework"] == fw), key=lambda r: r["devices"])
+        base = mine[0]
+        eff = {}
+        for r in mine:
+            if scaling == "weak":
+                eff[r["devices"]] = r["tokens_per_s_per_device"] / base["tokens_per_s_per_device"]
+            else:
+                eff[r["devices"]] = (r["tokens_per_s"] / base["tokens_per_s"]) / (r["devices"] / base["devices"])
+        out["efficiency"][fw] = eff
+    by_dev: Dict[int, Dict[str, Dict[str, Any]]] = {}
+    for r in ok:
+        by_dev.setdefault(r["devices"], {})[r["framework"]] = r
+    for d, fws in sorted(by_dev.items()):
+        if "jax" in fws and "torch" in fws:
+            j, t = fws["jax"], fws["torch"]
+            out["jax_over_torch"][d] = j["tokens_per_s"] / t["tokens_per_s"]
+            js, ts = j.get("step_time_mean_s") or j["step_time_p50_s"], t.get("step_time_mean_s") or t["step_time_p50_s"]
+            be = break_even(j["time_to_first_step_s"], js, t["time_to_first_step_s"], ts)
+            slower = "jax" if be["slower_start"] == "a" else "torch"
+            out["break_even"][d] = {"slower_start": slower, "steps": be["steps"],
+                                    "startup_s": {"jax": j["time_to_first_step_s"], "torch": t["time_to_first_step_s"]},
+                                    "step_time_s": {"jax": js, "torch": ts},
+                                    "wall_time_s": {"jax": wall_time(j["time_to_first_step_s"], js, horizon),
+                                                    "torch": wall_time(t["time_to_first_step_s"], ts, horizon)}}
+    for d in sorted({r["devices"] for r in rows}):
+        cells = {r["framework"]: dict(r["_loss"]) for r in rows if r["devices"] == d and r["_loss"]}
+        if "jax" in cells and "torch" in cells:
+            common = sorted(set(cells["jax"]) & set(cells["torch"]))
+            if common:
+                gaps = [abs(cells["jax"][s] - cells["torch"][s]) / max(abs(cells["torch"][s]), 1e-12) for s in common]
+                out["loss_gap"][d] = {"steps_compared": len(common), "max_rel_diff": max(gaps)}
+    return out
+
+
+# Workload axes of issue 15: (config key, baseline value, variant value).
+WORKLOAD_AXES = (("attention", "causal", "document"), ("norm_impl", "native", "custom"))
+
+
+def workloads(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Per framework and device count, each variant cell against the baseline cell that differs
+    from it only in that one model key (model.attention, model.norm_impl): throughput ratio and
+    the change in compile and first-step time."""
+    ok = [r for r in rows if r["status"] == "ok" and r["tokens_per_s"]]
+    out: List[Dict[str, Any]] = []
+    for key, base_v, var_v in WORKLOAD_AXES:
+        def ident(r, key=key):
+            m = dict(r["_cfg"]["model"])
+            m.pop(key, None)
+            return r["framework"], r["devices"], json.dumps(m, sort_keys=True, default=str)
+
+        base = {ident(r): r for r in ok if r["_cfg"]["model"].get(key, base_v) == base_v}
+        for r in ok:
+            b = base.get(ident(r))
+            if r["_cfg"]["model"].get(key) != var_v or b is None:
+                continue
+            settings = (r.get("_start") or {}).get("settings") or {}
+            others = {k: r["_cfg"]["model"].get(k) for k, _, _ in WORKLOAD_AXES if k != key}
+            out.append({"axis": key, "framework": r["framework"], "devices": r["devices"], "cell": r["cell"],
+                        "baseline_cell": b["cell"], "with": others, "throughput_ratio": r["tokens_per_s"] / b["tokens_per_s"],
+                        "compile_s": {"baseline": b["compile_s"], "variant": r["compile_s"]},
+                        "first_step_s": {"baseline": b["time_to_first_step_s"], "variant": r["time_to_first_step_s"]},
+                        "document_mask_impl": settings.get("document_mask_impl") if key == "attention" else None})
+    return sorted(out, key=lambda w: (w["axis"], w["framework"], w["devices"], w["cell"]))
+
+
+def _delta(pair: Dict[str, Any]) -> str:
+    a, b = pair.get("baseline"), pair.get("variant")
+    if a is None or b is None:
+        return "-"
+    return f"{b:.2f} s ({b - a:+.2f} s)"
+
+
+def hardware(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    starts = [r["_start"] for r in rows if r["_start"]]
+    kinds = sorted({s.get("device_kind") for s in starts if s.get("device_kind")})
+    cores = sorted({s.get("host_cores") for s in starts if s.get("host_cores")})
+    hosts = sorted({s.get("host") for s in starts if s.get("host")})
+    simulated = any(k == "cpu" for k in kinds) and any(r["devices"] > 1 for r in rows)
+    hw = {"device_kinds": kinds, "max_devices": max((r["devices"] for r in rows), default=0), "host_cores": cores,
+          "hosts": hosts, "simulated_devices_share_host": simulated,
+          "versions": starts[-1].get("versions") if starts else {}}
+    if simulated:
+        hw["warning"] = (f"devices are simulated CPU devices sharing {', '.join(map(str, cores))} host core(s): "
+                         "this is a functional dry run of the launcher, not a measurement of hardware scaling")
+    return hw
+
+
+def write(run_dir: Path) -> Dict[str, Any]:
+    run_dir = Path(run_dir)
+    dirs = files.cell_dirs(run_dir) if run_dir.is_dir() else []
+    dirs = [d for d in dirs if (d / CONFIG_NAME).is_file()]
+    if not dirs:
+        raise ReportError(f"RUN_DIR={str(run_dir)!r} holds no cells (no <cell>/{CONFIG_NAME}); give a directory written by `scaleout run` or `scaleout sweep`.")
+    rows = [load_cell(d) for d in dirs]
+    manifest = files.read_json(run_dir / SWEEP_FILE)
+    scaling = manifest["scaling"] if isinstance(manifest, dict) and "scaling" in manifest else rows[0]["_cfg"]["sweep"]["scaling"]
+    horizon = int(rows[0]["_cfg"]["report"]["horizon_steps"])
+    derived = derive(rows, scaling, horizon)
+    hw = hardware(rows)
+    profiled = report_profile.entries(run_dir, rows)
+    plots = _plots(run_dir, rows, derived, profiled)
+    public = [{k: r.get(k) for k in ROW_FIELDS} for r in rows]
+    doc = {"run_dir": str(run_dir), "model": rows[0]["_cfg"]["model"]["name"], "hardware": hw, "cells": public,
+           "derived": derived, "plots": [p.name for p in plots], "workloads": workloads(rows),
+           "loss_curves": {r["cell"]: r["_loss"] for r in rows},
+           "eval_loss_curves": {r["cell"]: r["_eval"] for r in rows if r.get("_eval")},
+           "profile": {e["cell"]: e for e in profiled}}
+    files.atomic_write(run_dir / "report.json", json.dumps(doc, indent=2, default=str))
+    table = io.StringIO()
+    w = csv.DictWriter(table, fieldnames=ROW_FIELDS)
+    w.writeheader()
+    w.writerows(public)
+    files.atomic_write(run_dir / "report.csv", table.getvalue())
+    files.atomic_write(run_dir / "report.md", _markdown(doc, rows))
+    return {"md": run_dir / "report.md", "json": run_dir / "report.json", "csv": run_dir / "report.csv", "plots": plots}
+
+
+def _fmt(v: Any, kind: str = "") -> str:
+    if v is None:
+        return "-"
+    if kind == "bytes":
+        return f"{v / 2**20:.0f} MiB"
+    if kind == "pct":
+        return f"{100 * v:.1f}%"
+    if isinstance(v, float):
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
+    return str(v)
+
+
+def _markdown(doc: Dict[str, Any], rows: List[Dict[str, Any]]) -> str:
+    hw, d = doc["hardware"], doc["derived"]
+    L = [f"# scaleout report: {doc['model']}", "",
+         f"Run directory: `{doc['run_dir']}`  ",
+         f"Hardware: {', '.join(hw['device_kinds']) or 'unknown'}; up to {hw['max_devices']} device(s); "
+         f"host cores {', '.join(map(str, hw['host_cores'])) or '?'}; hosts {', '.join(hw['hosts']) or '?'}  ",
+         f"Scaling: {d['scaling']} ({'per-device batch fixed' if d['scaling'] == 'weak' else 'global batch fixed'})", ""]
+    if hw.get("warning"):
+        L += [f"> **Warning:** {hw['warning']}.", ""]
+    L += ["## Cells", "",
+          "| cell | fw | dev | proc | batch | tokens/s | tokens/s/dev | MFU | step p50 | step p90 | compile | first step | peak mem | final loss | status |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["cells"]:
+        status = r["status"] if r["status"] == "ok" else f"**{r['status']}**: {r['error'] or ''}".replace("|", "\\|")
+        L.append(f"| {r['cell']} | {r['framework']} | {r['devices']} | {_fmt(r['processes'])} | {r['global_batch']} | "
+                 f"{_fmt(r['tokens_per_s'])} | {_fmt(r['tokens_per_s_per_device'])} | {_fmt(r['mfu'], 'pct')} | "
+                 f"{_fmt(r['step_time_p50_s'])} s | {_fmt(r['step_time_p90_s'])} s | {_fmt(r['compile_s'])} s | "
+                 f"{_fmt(r['time_to_first_step_s'])} s | {_fmt(r['peak_memory_bytes'], 'bytes')} | {_fmt(r['final_loss'])} | {status} |")
+    estimated = [r for r in rows if r.get("est_memory_bytes") is not None]
+    if estimated:
+        L += ["", "## Estimated vs measured", "",
+              "Estimates from the fit check before the run (`plan.check_fit`, as `scaleout plan --compile`): per-device "
+              "memory and, for JAX, the ahead-of-time compile of the same step.", "",
+              "| cell | est. memory/device | limit | measured peak | est. compile | measured compile | estimated by |",
+              "|---|---|---|---|---|---|---|"]
+        for r in estimated:
+            L.append(f"| {r['cell']} | {_fmt(r['est_memory_bytes'], 'bytes')} | {_fmt(r['est_limit_bytes'], 'bytes')} | "
+                     f"{_fmt(r['peak_memory_bytes'], 'bytes')} | {_fmt(r['est_compile_s'])} s | {_fmt(r['compile_s'])} s | "
+                     f"{r.get('_est_method') or '-'} |")
+        if any(k == "cpu" for k in hw["device_kinds"]):
+            L += ["", "On CPU the measured peak is the process's peak RSS: it includes the interpreter and libraries "
+                  "(a few hundred MiB) and, with simulated devices, every device of the process."]
+    L += ["", "## Scaling efficiency", ""]
+    if d.get("variant"):
+        L += [f"Scaling, JAX vs PyTorch and break-even compare the `{d['variant']}` cells (the sweep's first "
+              "`sweep.extra` combination); the other combinations are compared below under Workloads, when they are one.", ""]
+    for fw, eff in d["efficiency"].items():
+        L.append(f"- {fw}: " + ", ".join(f"{n} dev {100 * e:.0f}%" for n, e in sorted(eff.items())))
+    L += ["", "## JAX vs PyTorch", ""]
+    if not d["jax_over_torch"]:
+        L.append("No device count has a finished cell of both frameworks.")
+    for n, ratio in sorted(d["jax_over_torch"].items()):
+        be = d["break_even"][n]
+        other = "torch" if be["slower_start"] == "jax" else "jax"
+        catch = (f"catches up after {be['steps']} steps" if be["steps"] != "never"
+                 else "never catches up (its steps are not faster)")
+        L.append(f"- {n} device(s): JAX/PyTorch throughput {ratio:.2f}x. {be['slower_start']} starts "
+                 f"{be['startup_s'][be['slower_start']] - be['startup_s'][other]:.1f} s later and {catch}. "
+                 f"A {d['horizon_steps']:,}-step run: jax {be['wall_time_s']['jax'] / 60:.1f} min, "
+                 f"torch {be['wall_time_s']['torch'] / 60:.1f} min.")
+    L += ["", "## Loss curves", ""]
+    if not d["loss_gap"]:
+        L.append("No device count has loss curves of both frameworks.")
+    for n, g in sorted(d["loss_gap"].items()):
+        L.append(f"- {n} device(s): jax and torch differ by at most {100 * g['max_rel_diff']:.3g}% over "
+                 f"{g['steps_compared']} steps (same data, same initial weights)")
+    for r in rows:
+        if r.get("_eval"):
+            step, loss = r["_eval"][-1]
+            L.append(f"- {r['cell']}: held-out loss {_fmt(loss)} at step {step} (training loss {_fmt(r['final_loss'])}; "
+                     f"{len(r['_eval'])} evaluations on fixed held-out batches)")
+    if doc.get("workloads"):
+        L += ["", "## Workloads: document mask and custom op", "",
+              "Each variant cell against the cell that differs from it only in `model.attention` (document vs "
+              "causal) or `model.norm_impl` (custom vs native): throughput ratio (variant / baseline), then compile "
+              "and first-step time of the variant with the change from the baseline in brackets. `mask impl` is what "
+              "ran the document mask (torch: flex or sdpa, from `torch.document_mask_impl`).", "",
+              "| axis | fw | dev | variant cell | vs | throughput ratio | compile | first step | mask impl |",
+              "|---|---|---|---|---|---|---|---|---|"]
+        for w in doc["workloads"]:
+            axis = "document/causal" if w["axis"] == "attention" else "custom/native norm"
+            L.append(f"| {axis} | {w['framework']} | {w['devices']} | {w['cell']} | {w['baseline_cell']} | "
+                     f"{w['throughput_ratio']:.3f}x | {_delta(w['compile_s'])} | {_delta(w['first_step_s'])} | "
+                     f"{w['document_mask_impl'] or '-'} |")
+    breakdown = report_profile.PLOT_NAME if report_profile.PLOT_NAME in doc["plots"] else None
+    L += report_profile.markdown(list(doc["profile"].values()), breakdown)
+    L += ["", "## Plots", ""] + [f"![{p}]({p})" for p in doc["plots"] if p != breakdown]
+    L += ["", "Start-up cost is the time from process start to the end of the first step (compilation included); "
+          "wall time of n steps = start-up + (n-1) x mean step time. Steady-state figures exclude the first "
+          "`train.warmup_exclude` steps" + (" and the profiled steps (`profile.steps`)." if doc["profile"] else "."), ""]
+    return "\n".join(L)
+
+
+def _plots(run_dir: Path, rows: List[Dict[str, Any]], d: Dict[str, Any], profiled: List[Dict[str, Any]]) -> List[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r["status"] == "ok" and r["tokens_per_s"]]
+    fws = sorted({r["framework"] for r in rows})
+    out = []
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for fw in fws:
+        pts = sorted((r["devices"], r["tokens_per_s_per_device"]) for r in ok if r["framework"] == fw)
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=fw)
+            ax.plot([p[0] for p in pts], [pts[0][1]] * len(pts), ls="--", lw=1, color=ax.lines[-1].get_color(), label=f"{fw} ideal")
+    ax.set(xlabel="devices", ylabel="tokens/s per device", title="Throughput per device")
+    ax.set_xscale("log", base=2)
+    ax.legend()
+    out.append(_save(fig, run_dir / "throughput.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for fw, eff in d["efficiency"].items():
+        ax.plot(list(eff), [100 * e for e in eff.values()], marker="o", label=fw)
+    ax.axhline(100, ls="--", lw=1, color="gray")
+    ax.set(xlabel="devices", ylabel="efficiency (%)", title=f"{d['scaling'].capitalize()}-scaling efficiency")
+    ax.set_xscale("log", base=2)
+    ax.legend()
+    out.append(_save(fig, run_dir / "efficiency.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in rows:
+        if r["_loss"]:
+            steps, losses = zip(*r["_loss"])
+            line, = ax.plot(steps, losses, ls="-" if r["framework"] == "jax" else "--", label=r["cell"])
+            if r.get("_eval"):  # held-out loss next to the training loss, in the same colour
+                e_steps, e_losses = zip(*r["_eval"])
+                ax.plot(e_steps, e_losses, ls=":", marker="o", ms=3, color=line.get_color(), label=f"{r['cell']} held-out")
+    ax.set(xlabel="step", ylabel="loss", title="Loss curves (same data, same init; dotted: held-out)")
+    ax.legend(fontsize=7)
+    out.append(_save(fig, run_dir / "loss.png"))
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    names = [r["cell"] for r in rows]
+    comp = [r["compile_s"] or 0 for r in rows]
+    ttfs = [r["time_to_first_step_s"] or 0 for r in rows]
+    x = range(len(rows))
+    ax.bar([i - 0.2 for i in x], comp, width=0.4, label="compile")
+    ax.bar([i + 0.2 for i in x], ttfs, width=0.4, label="time to first step")
+    ax.set_xticks(list(x), names, rotation=30, ha="right", fontsize=8)
+    ax.set(ylabel="seconds", title="Start-up cost per cell")
+    ax.legend()
+    out.append(_save(fig, run_dir / "startup.png"))
+
+    if profiled:
+        out.append(report_profile.plot(run_dir, profiled, _save))
+    return out
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return path
