@@ -192,6 +192,60 @@ def test_hf_init_checks_the_weights_too(tmp_path, how, message):
         launcher_inputs.load([f"model.init={value}"])
 
 
+def _sharded(d, m):
+    """An HF directory of `m` whose weights are in shards with an index (returns the index path)."""
+    _write_hf(d, m)
+    (d / hf.SINGLE_FILE).unlink()
+    params = {name: init_param(m, 3, name, spec) for name, spec in named_params(m)}
+    hf_files.write_safetensors(hf.to_hf(params), d, max_shard_bytes=100_000)
+    return d / hf.INDEX_FILE
+
+
+@pytest.mark.parametrize("target", ["../../secret/model.safetensors", "/etc/passwd", "sub/../../x.safetensors", 5, None])
+def test_hf_index_naming_a_file_outside_the_directory_is_refused(tmp_path, scaleout, target):
+    """Issue 24.2: an index's weight_map must not make scaleout open a file outside the model directory
+    (24.15: nor crash on a value that is not a file name)."""
+    m = _tiny()
+    index = _sharded(tmp_path / "m", m)
+    outside = tmp_path / "secret" / "model.safetensors"
+    outside.parent.mkdir()
+    shutil.copyfile(next((tmp_path / "m").glob("model-00001-*.safetensors")), outside)  # a valid file, to be sure it is not read
+    doc = json.loads(index.read_text())
+    name = next(iter(doc["weight_map"]))
+    doc["weight_map"][name] = target
+    index.write_text(json.dumps(doc))
+    code, out, err = scaleout("plan", f"model.init=hf:{tmp_path / 'm'}")
+    assert code == 2 and out == "" and "Traceback" not in err and err.count("\n") == 1, err
+    assert f"puts {name} in {json.dumps(target)}, which is not a file name inside {tmp_path / 'm'}" in err, err
+    with pytest.raises(hf.HFError, match="not a file name inside"):
+        hf.Reader(tmp_path / "m")
+    # a file name in a subdirectory of the model directory is its own
+    assert hf.inside("shards/model-00001-of-00002.safetensors") and not hf.inside("") and not hf.inside("a\\..\\..\\b")
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"rope_theta": "abc"}, r"rope_theta=\"abc\", which is not a number"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": "x"}}, r"rope_parameters\.rope_theta=\"x\", which is not a number"),
+    ({"rope_theta": 1e400}, r"rope_theta=Infinity, which is not a number"),
+    ({"head_dim": "abc"}, r"head_dim=\"abc\", which is not an integer"),
+    ({"architectures": 5}, r"architectures=5, which is not a list of class names"),
+    ({"hidden_size": 64.5}, r"hidden_size=64\.5, which is not an integer"),
+    ({"rms_norm_eps": [1]}, r"rms_norm_eps=\[1\], which is not a number"),
+    ({"num_key_value_heads": "4"}, r"num_key_value_heads=\"4\", which is not an integer"),
+    ({"vocab_size": None}, r"lacks vocab_size \(LlamaConfig fields"),
+    # issue 24.16: no heads is not grouped-query attention
+    ({"num_attention_heads": 0}, r"num_attention_heads=0, which is not a positive integer"),
+])
+def test_hf_config_fields_of_the_wrong_type_are_one_sentence(tmp_path, scaleout, changes, message):
+    """Issue 24.15: config.json fields of the wrong type were tracebacks (exit 1)."""
+    _write_hf(tmp_path / "m", _tiny(), cfg_changes=changes)
+    code, out, err = scaleout("plan", "model.init=hf:m")
+    assert code == 2 and out == "" and "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith("scaleout: error: model.init='hf:m' cannot start this model: its config.json ")
+    assert re.search(message, err), err
+    assert "grouped-query" not in err
+
+
 def test_hf_init_loads_the_weights_in_scaleout_layout(tmp_path):
     m = _tiny()
     params = _write_hf(tmp_path / "m", m, seed=11)

@@ -28,7 +28,7 @@ import json
 import math
 import os
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
@@ -129,11 +129,23 @@ def expected_shapes(shapes: Shapes) -> Dict[str, Tuple[int, ...]]:
 
 # --------------------------------------------------------------------------- config.json
 
+def _number(key: str, value: Any, whole: bool = False) -> Any:
+    """A config.json field that must be a number (an integer when `whole`), or HFError naming it."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(value, float) and not (math.isfinite(value) and (value.is_integer() or not whole)):
+        ok = False
+    if not ok:
+        raise HFError(f"its config.json has {key}={json.dumps(value)}, which is not {'an integer' if whole else 'a number'}")
+    return int(value) if whole else float(value)
+
+
 def _rope_theta(c: Dict[str, Any]) -> Optional[float]:
+    """RoPE's base: `rope_parameters.rope_theta` (transformers >= 5) before `rope_theta`; each checked when given."""
+    top = _number("rope_theta", c["rope_theta"]) if c.get("rope_theta") is not None else None
     params = c.get("rope_parameters")
     if isinstance(params, dict) and params.get("rope_theta") is not None:
-        return float(params["rope_theta"])
-    return float(c["rope_theta"]) if c.get("rope_theta") is not None else None
+        return _number("rope_parameters.rope_theta", params["rope_theta"])
+    return top
 
 
 def _rope_kind(c: Dict[str, Any]) -> Optional[str]:
@@ -155,11 +167,23 @@ def model_keys(c: Dict[str, Any]) -> Dict[str, Any]:
     """
     where = "its config.json"
     arch = c.get("architectures") or []
+    if not (isinstance(arch, list) and all(isinstance(a, str) for a in arch)):
+        raise HFError(f"{where} has architectures={json.dumps(arch)}, which is not a list of class names "
+                      "such as [\"LlamaForCausalLM\"]")
     if c.get("model_type") != "llama" and "LlamaForCausalLM" not in arch:
         raise HFError(f"{where} describes model_type={c.get('model_type')!r} ({', '.join(arch) or 'no architectures'}), "
                       "not a Llama (LlamaForCausalLM), the only architecture scaleout's model is")
-    heads = c.get("num_attention_heads")
-    kv = c.get("num_key_value_heads", heads)
+    needed = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+    missing = [k for k in needed if c.get(k) is None]
+    if missing:
+        raise HFError(f"{where} lacks {missing[0]} (LlamaConfig fields {', '.join(needed)} are needed)")
+    sizes = {k: _number(k, c[k], whole=True) for k in needed}
+    bad = next((k for k, v in sizes.items() if v < 1), None)
+    if bad:
+        raise HFError(f"{where} has {bad}={sizes[bad]}, which is not a positive integer")
+    heads = sizes["num_attention_heads"]
+    kv = _number("num_key_value_heads", c["num_key_value_heads"], whole=True) \
+        if c.get("num_key_value_heads") is not None else heads
     if kv != heads:
         raise HFError(f"{where} has num_key_value_heads={kv} != num_attention_heads={heads} (grouped-query attention), "
                       "which scaleout's model does not have (one KV head per query head)")
@@ -175,16 +199,12 @@ def model_keys(c: Dict[str, Any]) -> Dict[str, Any]:
     rope = _rope_kind(c)
     if rope:
         raise HFError(f"{where} has {rope}; scaleout's model has plain RoPE only")
-    try:
-        d, n = int(c["hidden_size"]), int(heads)
-        keys = {"model.d_model": d, "model.n_layers": int(c["num_hidden_layers"]), "model.n_heads": n,
-                "model.d_ff": int(c["intermediate_size"]), "model.vocab_size": int(c["vocab_size"]),
-                "model.norm_eps": float(c.get("rms_norm_eps", 1e-6))}
-    except (KeyError, TypeError, ValueError) as e:
-        raise HFError(f"{where} lacks a usable {e} (LlamaConfig fields hidden_size, num_hidden_layers, "
-                      "num_attention_heads, intermediate_size, vocab_size are needed)") from None
+    d, n = sizes["hidden_size"], heads
+    eps = _number("rms_norm_eps", c["rms_norm_eps"]) if c.get("rms_norm_eps") is not None else 1e-6
+    keys = {"model.d_model": d, "model.n_layers": sizes["num_hidden_layers"], "model.n_heads": n,
+            "model.d_ff": sizes["intermediate_size"], "model.vocab_size": sizes["vocab_size"], "model.norm_eps": eps}
     head_dim = c.get("head_dim")
-    if head_dim is not None and n and int(head_dim) * n != d:
+    if head_dim is not None and _number("head_dim", head_dim, whole=True) * n != d:
         raise HFError(f"{where} has head_dim={head_dim} with hidden_size={d} and num_attention_heads={n}; "
                       "scaleout's model needs head_dim = hidden_size / num_attention_heads")
     theta = _rope_theta(c)
@@ -209,6 +229,15 @@ def check_config(c: Dict[str, Any], m: ModelConfig) -> None:
 
 # --------------------------------------------------------------------------- reading safetensors
 
+def inside(fname: Any) -> bool:
+    """Whether an index's file name stays inside the model directory: a relative path without '..'
+    (symbolic links, as in the Hugging Face cache, are followed as the directory's own)."""
+    if not isinstance(fname, str) or not fname or "\0" in fname or "\\" in fname:
+        return False
+    parts = PurePosixPath(fname).parts
+    return not PurePosixPath(fname).is_absolute() and ".." not in parts and parts != ()
+
+
 class Reader:
     """The weights of an HF model directory (model.safetensors, or shards with an index), read lazily.
 
@@ -221,9 +250,16 @@ class Reader:
         index = self.dir / INDEX_FILE
         if index.is_file():
             try:
-                self.weight_map: Dict[str, str] = dict(json.loads(index.read_text())["weight_map"])
+                weight_map = json.loads(index.read_text())["weight_map"]
             except (ValueError, KeyError, TypeError) as e:
-                raise HFError(f"{index} is not a safetensors index ({e})") from None
+                raise HFError(f"{index} is not a safetensors index ({type(e).__name__}: {e})") from None
+            if not isinstance(weight_map, dict):
+                raise HFError(f"{index} has a weight_map that is not a mapping of tensor names to file names")
+            for name, fname in weight_map.items():
+                if not inside(fname):
+                    raise HFError(f"{index} puts {name} in {json.dumps(fname)}, which is not a file name inside "
+                                  f"{self.dir}; an index names files of its own directory only")
+            self.weight_map: Dict[str, str] = dict(weight_map)
         elif (self.dir / SINGLE_FILE).is_file():
             self.weight_map = {}
             with self._open(SINGLE_FILE) as f:
