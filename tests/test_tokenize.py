@@ -2,6 +2,8 @@
 sidecar, and the checks data.source=file makes with it."""
 
 import json
+import os
+import stat
 
 import numpy as np
 import pytest
@@ -78,14 +80,19 @@ def _listing(path):
 
 
 def test_prepare_data_refusals_exit_2_and_write_nothing(tmp_path, docs, scaleout):
-    before = _listing(tmp_path)
+    (tmp_path / "sub").mkdir()
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\n{"body": "no text"}\n')
     before = _listing(tmp_path)
     cases = [
         ([str(tmp_path / "missing.txt"), str(tmp_path / "o.bin")], "does not exist"),
         ([str(bad), str(tmp_path / "o.bin")], "bad.jsonl:2 is not a JSON object with a `text` field"),
-        ([str(docs), str(tmp_path / "o.bin"), "--tokenizer", "bpe", "--vocab-size", "100"], "at least 257 tokens"),
+        ([str(docs), str(tmp_path / "o.bin"), "--tokenizer", "bpe", "--vocab-size", "100"], "needs from 257 tokens"),
+        # issue 24.16: the message says what is valid on both sides; a directory INPUT is named as one
+        ([str(docs), str(tmp_path / "o.bin"), "--tokenizer", "bpe", "--vocab-size", "99999999999"],
+         "--vocab-size=99999999999 is not valid: a byte-level BPE needs from 257 tokens (256 bytes and end-of-text) "
+         "to 4294967296"),
+        ([str(tmp_path / "sub"), str(tmp_path / "o.bin")], f"INPUT={str(tmp_path / 'sub')!r} is a directory; give the text"),
         ([str(docs), str(tmp_path / "o.bin"), "--tokenizer", "nope.json"], "neither bytes, bpe nor"),
         ([str(docs), str(tmp_path / "o.bin"), "--val-fraction", "1.5"], "--val-fraction=1.5 is not valid"),
         ([str(docs), str(tmp_path), "--tokenizer", "bpe"], "is a directory"),
@@ -163,3 +170,81 @@ def test_synthetic_eval_stream_is_disjoint_and_fixed():
     # the same chain: a model learns both from the same transitions
     follows = np.mean(b.perm[ev[:, :-1]] == ev[:, 1:])
     assert 0.7 < follows < 0.9
+
+
+def test_prepare_data_never_writes_over_what_exists(tmp_path, docs, scaleout):
+    """Issue 24.9: an existing OUT is refused unless --force, and even then only a regular file is replaced
+    (a named pipe, a symbolic link: as root, `prepare-data x /dev/null` replaced /dev/null)."""
+    precious = tmp_path / "precious.bin"
+    precious.write_bytes(b"mine")
+    code, out, err = scaleout("prepare-data", str(docs), str(precious))
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert f"OUT={str(precious)!r} already exists; give a new path, or --force to replace it" in err
+    assert precious.read_bytes() == b"mine" and not tokenize.sidecar_path(precious).exists()
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    link = tmp_path / "link.bin"
+    link.symlink_to(precious)
+    for path, kind in ((pipe, "a named pipe"), (link, "a symbolic link")):
+        for force in ((), ("--force",)):
+            code, _, err = scaleout("prepare-data", str(docs), str(path), *force)
+            assert code == 2 and f"OUT={str(path)!r} is {kind}, not a regular file" in err, (path, force, err)
+    assert stat.S_ISFIFO(os.lstat(pipe).st_mode) and link.is_symlink() and precious.read_bytes() == b"mine"
+    # nor beside it: a sidecar place that is not a regular file
+    os.mkfifo(tokenize.sidecar_path(tmp_path / "t.bin"))
+    code, _, err = scaleout("prepare-data", str(docs), str(tmp_path / "t.bin"))
+    assert code == 2 and "t.bin.meta.json is a named pipe, not a regular file" in err and not (tmp_path / "t.bin").exists()
+    # --force replaces a regular file, and the sidecar then records the new file's identity
+    assert scaleout("prepare-data", str(docs), str(precious), "--force")[0] == 0
+    meta = tokenize.read_sidecar(precious)
+    assert meta["bytes"] == precious.stat().st_size == 2 * meta["tokens"]
+    assert meta["sha256"] == tokenize.file_hash(precious)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left
+
+
+def test_jsonl_with_a_byte_order_mark_or_a_lone_surrogate(tmp_path, scaleout):
+    """Issue 24.16: a UTF-8 BOM is not part of the first line; 24.15: a lone surrogate (JSON's \\ud800)
+    is one sentence naming the line, not a UnicodeEncodeError traceback."""
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + b'{"text": "ab"}\n{"text": "c"}\n')
+    assert scaleout("prepare-data", str(bom), str(tmp_path / "t.bin"), "--val-fraction", "0")[0] == 0
+    assert np.fromfile(tmp_path / "t.bin", np.uint16).tolist() == [97, 98, 99]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": "a\\ud800"}\n')
+    for tok in ("bytes", "bpe"):
+        code, out, err = scaleout("prepare-data", str(bad), str(tmp_path / f"{tok}.bin"), "--tokenizer", tok,
+                                  "--vocab-size", "300")
+        assert code == 2 and out == "" and "Traceback" not in err and err.count("\n") == 1, err
+        assert f"{bad}:2 has a `text` field with a lone surrogate ('\\ud800' at character 1)" in err, err
+        assert not (tmp_path / f"{tok}.bin").exists()
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"vocab_size": "700"}, 'whose vocab_size="700" is not an integer of at least 1'),
+    ({"max_token": "9"}, 'whose max_token="9" is not an integer'),
+    ({"val_start": "abc"}, 'whose val_start="abc" is not an integer of at least 0'),
+    ({"val_start": None}, "whose val_start=null is not an integer"),
+    ({"val_start": 1e400}, "whose val_start=Infinity is not an integer"),
+    ({"eos_id": "x"}, 'whose eos_id="x" is not a token id or null'),
+    ({"sha256": 5}, "whose sha256=5 is not a string"),
+    ("[1, 2]", "that holds list, not a JSON object"),
+    ("{", "that is not valid JSON"),
+])
+def test_a_sidecar_of_the_wrong_shape_is_one_sentence(tmp_path, prepared, scaleout, change, message):
+    """Issue 24.15: sidecar fields of the wrong type were tracebacks at config load."""
+    side = tokenize.sidecar_path(prepared)
+    meta = json.loads(side.read_text())
+    side.write_text(change if isinstance(change, str) else json.dumps({**meta, **change}))
+    code, out, err = scaleout("plan", "data.source=file", f"data.path={prepared}", "model.vocab_size=704")
+    assert code == 2 and out == "" and "Traceback" not in err and err.count("\n") == 1, err
+    assert f"data.path={str(prepared)!r} has a sidecar tokens.bin.meta.json {message}" in err, err
+    assert "rerun `scaleout prepare-data`" in err
+
+
+def test_a_token_file_changed_after_its_sidecar_is_refused(tmp_path, prepared, scaleout):
+    """Issue 24.9: the sidecar records the file's size: a file rewritten by something else is refused at load."""
+    with open(prepared, "ab") as f:
+        f.write(b"\0\0")
+    code, _, err = scaleout("plan", "data.source=file", f"data.path={prepared}", "model.vocab_size=704")
+    size = prepared.stat().st_size
+    assert code == 2 and f"is {size} bytes, but its sidecar tokens.bin.meta.json says prepare-data wrote {size - 2}" in err

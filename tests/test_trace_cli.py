@@ -152,8 +152,10 @@ def test_busy_port_is_one_sentence(tmp_path):
         p = run_cli(["trace", str(cell), "--no-browser", "--port", str(port)], cwd=tmp_path, timeout=60)
     assert p.returncode == 2, p.stdout + p.stderr
     assert f"--port {port} is in use on 127.0.0.1" in p.stderr and "Traceback" not in p.stderr, p.stderr
-    p = run_cli(["trace", str(cell), "--no-browser", "--port", "70000"], cwd=tmp_path, timeout=60)
-    assert p.returncode == 2 and "--port 70000 is not a TCP port" in p.stderr, p.stderr
+    # issue 24.16: the ports the message names are the ports accepted (80 was served)
+    for bad in ("70000", "80", "1023", "-1"):
+        p = run_cli(["trace", str(cell), "--no-browser", "--port", bad], cwd=tmp_path, timeout=30)
+        assert p.returncode == 2 and f"--port {bad} is not valid: give a port from 1024 to 65535" in p.stderr, p.stderr
 
 
 def test_cli_help_names_the_verb():

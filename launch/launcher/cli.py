@@ -134,7 +134,7 @@ def cmd_prepare_data(args: argparse.Namespace) -> int:
         raise UserError("--dtype goes with --tokenizer bytes; a BPE's token file is uint16 when its vocabulary fits, else uint32.")
     try:
         meta = tokenize.prepare(inputs, out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
-                                val_fraction=args.val_fraction, dtype=args.dtype)
+                                val_fraction=args.val_fraction, dtype=args.dtype, force=args.force)
     except tokenize.PrepareError as e:
         raise UserError(str(e)) from None
     except UnicodeDecodeError as e:
@@ -174,8 +174,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
     import shlex
 
     from launch.report import trace
-    if not 0 <= args.port <= 65535:
-        raise UserError(f"--port {args.port} is not a TCP port; give one from 1024 to 65535 (default {trace.DEFAULT_PORT}; 0: any free one).")
+    if not (args.port == 0 or 1024 <= args.port <= 65535):
+        raise UserError(f"--port {args.port} is not valid: give a port from 1024 to 65535 (below 1024 needs root) (default {trace.DEFAULT_PORT}; 0: any free one).")
     try:
         path = trace.find(args.path)
         server = trace.TraceServer(path, args.port)
@@ -254,6 +254,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="the last fraction of tokens held out for evaluation (default 0.005)")
     p.add_argument("--dtype", choices=("uint16", "uint32"), default=None,
                    help="--tokenizer bytes: token dtype (default uint16)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing OUT (a regular file only; a run that trained on it refuses to resume)")
     p.set_defaults(func=cmd_prepare_data)
     p = sub.add_parser("export", help="write a cell's checkpoint as a Hugging Face Llama directory (config.json + safetensors)")
     p.add_argument("source", type=Path, metavar="CELL_DIR_OR_CHECKPOINT",
