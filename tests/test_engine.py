@@ -29,7 +29,7 @@ def test_checkpoint_metadata_is_one_dict_for_both_frameworks():
     meta = engine.checkpoint_metadata(cfg, "torch", 2, {"torch": "x"}, step=7)
     assert meta == {"framework": "torch", "config_hash": config.math_hash(cfg), "run_id": "r1",
                     "mesh": {"data": 1, "fsdp": 2, "tensor": 1}, "devices": 2, "processes": 2,
-                    "versions": {"torch": "x"}, "step": 7}
+                    "versions": {"torch": "x"}, "step": 7, "data": None}
     json.dumps(meta)
 
 
@@ -114,6 +114,48 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(caplog):
     # other math is refused, not skipped
     with pytest.raises(engine.CheckpointMismatch):
         engine.restore_latest(cfg, {"/ck/own": [2]}.get, lambda f: _meta(cfg, "a"), load)
+
+
+@pytest.mark.parametrize("bad", [None, [], [1, 2], "text", 3])
+def test_metadata_that_is_json_but_not_an_object_falls_back(bad, caplog):
+    """Issue 24.14: `null` gave UnboundLocalError ('why'), `[]` AttributeError ('list' has no 'get')."""
+    cfg = _cfg("run.id=b")
+    read = lambda found: bad if found.step == 8 else _meta(cfg, "b")  # noqa: E731
+    with caplog.at_level("WARNING"):
+        got = engine.restore_latest(cfg, {"/ck/own": [4, 8]}.get, read, lambda f: f"state{f.step}")
+    assert (got.step, got.state) == (4, "state4")
+    assert got.skipped == ((8, f"its metadata is {json.dumps(bad)}, not a JSON object"),)
+    assert "step 8 in /ck/own is damaged and is skipped (its metadata is" in caplog.text
+    with pytest.raises(engine.CheckpointUnreadable, match=r"step 8: its metadata is .*, not a JSON object"):
+        engine.restore_latest(cfg, {"/ck/own": [8]}.get, read, lambda f: "state")
+
+
+def test_a_checkpoint_trained_on_another_token_file_is_refused(tmp_path):
+    """Issue 24.9: resuming on a token file rewritten since the checkpoint (prepare-data over it) is refused in
+    one sentence; a checkpoint that records no identity (synthetic data, older checkpoints) is not."""
+    from launch.data import tokenizer
+    text = tmp_path / "a.txt"
+    text.write_text("abcdefgh" * 40)
+    data = tmp_path / "t.bin"
+    tokenizer.prepare([str(text)], str(data), val_fraction=0)
+    cfg = _cfg("run.id=b", "data.source=file", f"data.path={data}")
+    meta = engine.checkpoint_metadata(cfg, "jax", 1, {}, step=4)
+    assert meta["data"] == {"bytes": 640, "sha256": tokenizer.file_hash(data)}
+    found = engine.Found("/ck/own", 4, load_from=False)
+    engine.check_checkpoint(meta, cfg, found)
+    text.write_text("hgfedcba" * 40)  # the same size, other tokens
+    tokenizer.prepare([str(text)], str(data), val_fraction=0, force=True)
+    for borrowed in (found, engine.Found("/ck/other", 4, load_from=True)):
+        with pytest.raises(engine.CheckpointMismatch) as e:
+            engine.check_checkpoint(meta, cfg, borrowed)
+        msg = str(e.value)
+        assert msg.startswith(f"the checkpoint at step 4 in {borrowed.root} was trained on data.path={data} when it was "
+                              f"640 bytes, sha256 {meta['data']['sha256'][:12]}, but that file is now 640 bytes, sha256 "), msg
+        assert "\n" not in msg and "(it was rewritten since)" in msg
+    engine.check_checkpoint({**meta, "data": None}, cfg, found)
+    engine.check_checkpoint({k: v for k, v in meta.items() if k != "data"}, cfg, found)
+    assert tokenizer.same_token_file({"bytes": 640, "sha256": None}, {"bytes": 640, "sha256": "x"})
+    assert not tokenizer.same_token_file({"bytes": 640, "sha256": None}, {"bytes": 642, "sha256": None})
 
 
 def test_set_aside_keeps_the_damaged_step_under_a_name_no_step_listing_matches(tmp_path):

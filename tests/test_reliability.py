@@ -148,3 +148,43 @@ def test_sigkill_during_an_async_save_resumes_from_a_committed_step(tmp_path, fr
     assert ref.keys() == got.keys() and ref
     for k in ref:
         np.testing.assert_allclose(got[k], ref[k], rtol=1e-6, atol=0, err_msg=k)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework,bad", [("jax", "null"), ("torch", "[]")])
+def test_trainer_skips_metadata_that_is_not_an_object_and_refuses_changed_tokens(tmp_path, framework, bad):
+    """Issue 24.14: a checkpoint whose metadata is valid JSON but not an object (`null`, `[]`) crashed both
+    trainers (UnboundLocalError / AttributeError); it is skipped for the previous one. Issue 24.9: the token
+    file's identity is in the start record and every checkpoint, and resuming after prepare-data rewrote the
+    file (the same size, other tokens) is refused in one sentence."""
+    from jaxrun_helpers import run_trainer, summary, write_cell
+
+    from launch.data import tokenizer
+    text = tmp_path / "a.txt"
+    text.write_text("".join(chr(97 + (i * 7) % 26) for i in range(3000)))
+    data = tmp_path / "d" / "t.bin"
+    tokenizer.prepare([str(text)], str(data), val_fraction=0)
+    identity = {"bytes": 6000, "sha256": tokenizer.file_hash(data)}
+    cell = tmp_path / "cell"
+    base = [f"framework={framework}", "data.source=file", f"data.path={data}", "train.steps=6", "checkpoint.every=2",
+            "checkpoint.keep=3"]
+    p, recs = run_trainer(framework, write_cell(cell, *base, "train.stop_after=4"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert [r for r in recs if r["kind"] == "start"][-1]["data"] == identity
+    ckpt = cell / "checkpoints"
+    meta = ckpt / "4" / "meta" / "metadata" if framework == "jax" else ckpt / "step_4" / "meta.json"
+    assert json.loads(meta.read_text())["data"] == identity
+    meta.write_text(bad)
+    p, recs = run_trainer(framework, write_cell(cell, *base))
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = summary(recs)
+    assert s["status"] == "ok" and s["resumed_from_step"] == 2 and s["steps"] == 6, s
+    assert f"is damaged and is skipped (its metadata is {bad}, not a JSON object)" in p.stderr
+    text.write_text(text.read_text()[::-1])  # other tokens, the same number of them
+    tokenizer.prepare([str(text)], str(data), val_fraction=0, force=True)
+    p, recs = run_trainer(framework, write_cell(cell, *base))
+    assert p.returncode == 1
+    err = summary(recs)["error"]
+    assert err.startswith(f"CheckpointMismatch: the checkpoint at step 6 in {ckpt} was trained on data.path={data} when it "
+                          f"was 6000 bytes, sha256 {identity['sha256'][:12]}, but that file is now 6000 bytes"), err
+    assert "\n" not in err

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -280,11 +281,13 @@ def run_id(cfg: "Config") -> Optional[str]:
 
 def checkpoint_metadata(cfg: "Config", framework: str, processes: int, versions: Dict[str, str],
                         step: int) -> Dict[str, Any]:
-    """What every checkpoint records next to the state (JSON), identical in both frameworks."""
+    """What every checkpoint records next to the state (JSON), identical in both frameworks; `data` is
+    the token file's identity (`launch.data.tokenizer.token_file_identity`; None for synthetic data)."""
     from launch import config as config_mod
+    from launch.data.tokenizer import token_file_identity
     return {"framework": framework, "config_hash": config_mod.math_hash(cfg), "run_id": run_id(cfg),
             "mesh": config_mod.mesh_shape(cfg), "devices": cfg.devices, "processes": processes,
-            "versions": versions, "step": step}
+            "versions": versions, "step": step, "data": token_file_identity(cfg.data)}
 
 
 @dataclass(frozen=True)
@@ -315,7 +318,8 @@ def find_checkpoint(cfg: "Config", latest_step: Callable[[str], Optional[int]]) 
 
 
 def check_checkpoint(meta: Dict[str, Any], cfg: "Config", found: Found) -> None:
-    """Refuse a checkpoint of another run (unless it comes from `checkpoint.load_from`) or of other math."""
+    """Refuse a checkpoint of another run (unless it comes from `checkpoint.load_from`), of other math, or
+    trained on a token file that is no longer the one at `data.path` (rewritten since: other data)."""
     ours = run_id(cfg)
     theirs = meta.get("run_id")
     if not found.load_from and ours is not None and theirs != ours:
@@ -329,6 +333,13 @@ def check_checkpoint(meta: Dict[str, Any], cfg: "Config", found: Found) -> None:
         raise CheckpointMismatch(
             f"the checkpoint at step {found.step} in {found.root} was written by a different model/train/data "
             f"config (hash {meta.get('config_hash')}, this run {want}); use another run.name or remove that directory")
+    from launch.data import tokenizer
+    now = tokenizer.token_file_identity(cfg.data)
+    if not tokenizer.same_token_file(meta.get("data"), now):
+        raise CheckpointMismatch(
+            f"the checkpoint at step {found.step} in {found.root} was trained on data.path={cfg.data.path} when it was "
+            f"{tokenizer.describe_identity(meta.get('data'))}, but that file is now {tokenizer.describe_identity(now)} "
+            "(it was rewritten since); put back the tokens it trained on, or train on the new ones in another run.name")
 
 
 class CheckpointUnreadable(RuntimeError):
@@ -383,6 +394,9 @@ def restore_latest(cfg: "Config", steps: Callable[[str], Sequence[int]],
             meta = read_meta(candidate)
         except Exception as e:
             meta, why = None, _reason(e)
+        else:
+            if not isinstance(meta, dict):  # valid JSON, but not what checkpoint_metadata writes
+                meta, why = None, f"its metadata is {json.dumps(meta)[:40]}, not a JSON object"
         if meta is not None:
             check_checkpoint(meta, cfg, candidate)
             try:

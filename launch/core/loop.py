@@ -36,6 +36,7 @@ from launch.common import envvars, files
 from launch.config.schema import Config, TrainConfig
 from launch.core import flops, metrics, profile
 from launch.core.params import count_params
+from launch.data.tokenizer import token_file_identity
 
 log = logging.getLogger(__name__)
 
@@ -399,7 +400,7 @@ def start_record(engine: Engine, cfg: Config) -> Dict[str, Any]:
                 device_kind=engine.device_kind, host_cores=os.cpu_count(), host=platform.node(),
                 config_hash=config_mod.math_hash(cfg), model=cfg.model.name, global_batch=t.global_batch,
                 seq_len=cfg.model.seq_len, mesh=config_mod.mesh_shape(cfg), versions=engine.versions(),
-                settings=engine.settings)
+                settings=engine.settings, data=token_file_identity(cfg.data))
 
 
 def run(engine: Engine, cfg: Config, cell_dir: Path, *, process_start: float, stopper: StopRequest) -> Dict[str, Any]:
