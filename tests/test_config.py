@@ -1,6 +1,8 @@
 """Config loading, groups, overrides, interpolation, and every refusal of bad input."""
 
 import dataclasses
+import json
+import os
 import re
 import typing
 
@@ -177,6 +179,26 @@ BAD = [
     (["train.steps=1e3"], r"train\.steps=1000\.0 is not valid: it must be an integer"),
     (["sweep.devices=[1,true]"], r"sweep\.devices\[1\]=true is not valid: it must be an integer"),
     (["train.steps=${model.name}"], r"train\.steps='\$\{model\.name\}' is not valid: it resolves to 'tiny', which is not an integer"),
+    # issue 24.15: a mapping where a list is expected and the reverse ("Cannot merge incompatible container types")
+    (["profile.steps={a: 1}"], r"profile\.steps=\{\"a\": 1\} is not valid: it must be a list, e\.g\. profile\.steps=\[5,7\], not a mapping\.$"),
+    (["sweep.devices={a: 1}"], r"sweep\.devices=\{\"a\": 1\} is not valid: it must be a list, e\.g\. sweep\.devices=\[1,2,4\], not a mapping"),
+    (["slurm.setup={a: 1}"], r"slurm\.setup=\{\"a\": 1\} is not valid: it must be a list, e\.g\. slurm\.setup=\[a,b\], not a mapping"),
+    (["slurm.additional=[1]"], r"slurm\.additional=\[1\] is not valid: it must be a mapping of keys to values, e\.g\. \{key: value\}, not a list"),
+    (["sweep.extra=[1,2]"], r"sweep\.extra=\[1, 2\] is not valid: it must be a mapping of config keys to lists of values, e\.g\. "
+                            r"sweep\.extra=\{model\.remat: \[none, full\]\}, not a list"),
+    (["sweep.extra={model.remat: {a: 1}}"], r"sweep\.extra\.model\.remat=\{\"a\": 1\} is not valid: give a non-empty list of values"),
+    # issue 24.11: an end-of-document token outside the vocabulary
+    (["data.eos_id=256"], r"data\.eos_id=256 is not valid: it must be a token id below model\.vocab_size=256, or null"),
+    # issue 24.10: a JAX weight sharding the mesh does not divide (plan printed it, the trainer hit IndivisibleError)
+    (["devices=3", "train.global_batch=9"], r"model\.d_model=64 is not divisible by the fsdp axis size 3 \(devices=3, "
+                                            r"parallel\.fsdp=-1\); JAX shards every weight's d_model dimension over fsdp"),
+    (["devices=6", "parallel.tensor=2", "train.global_batch=6"], r"model\.d_model=64 is not divisible by the fsdp axis size 3"),
+    # issue 24.25: the head-dimension and eval-batch rules, each with its own message
+    (["model.d_model=36", "model.n_heads=4"], r"model\.d_model/n_heads=9 is odd; RoPE needs an even head dimension\.$"),
+    (["devices=4", "train.eval_every=5", "train.eval_batch_size=6"],
+     r"train\.eval_batch_size=6 is not divisible by the data-parallel size 4 \(data\*fsdp\); use a multiple of 4"),
+    (["devices=4", "parallel.data=2", "train.eval_every=5", "train.eval_batch_size=6"],
+     r"train\.eval_batch_size=6 is not divisible by the data-parallel size 4"),
 ]
 
 
@@ -188,6 +210,52 @@ def test_bad_input_is_one_sentence_exit_2(overrides, message, scaleout, tmp_path
     assert re.search(message, err), err
     assert err.startswith("scaleout: error: ") and err.count("\n") == 1
     assert not any(tmp_path.iterdir()), "a refused config must not write anything"
+
+
+def test_divisibility_is_per_framework_and_matches_what_jax_can_shard(tmp_path):
+    """Issue 24.10: PyTorch's FSDP2 pads uneven shards, so framework=torch takes what JAX refuses; and every
+    JAX config the rules accept lowers (a real TrainStep over that many CPU devices), every one they refuse
+    on a divisibility would not have."""
+    import subprocess
+    import sys
+    ok = config.load(["framework=torch", "devices=3", "train.global_batch=9"])
+    assert config.mesh_shape(ok) == {"data": 1, "fsdp": 3, "tensor": 1}
+    config.load(["devices=3", "train.global_batch=9", "parallel.data=3"])  # data-parallel JAX: nothing to divide
+    probe = """
+import json, sys
+from launch import config
+from launch.config import ConfigError, loader
+from jaxrun import mesh
+from jaxrun.train import TrainStep
+out = []
+for ov in json.loads(sys.argv[1]):
+    try:
+        config.load(ov)
+        refused = False
+    except ConfigError:
+        refused = True
+    rules, loader.validate = loader.validate, lambda cfg: None  # past the rules: what the trainer would have run
+    cfg = config.load(ov)
+    loader.validate = rules
+    try:
+        TrainStep(cfg, mesh.make_mesh(cfg)).lower()
+        lowered = True
+    except Exception as e:
+        lowered = type(e).__name__
+    out.append([ov, refused, lowered])
+print(json.dumps(out))
+"""
+    cases = [["devices=3", "train.global_batch=9"], ["devices=3", "train.global_batch=9", "model.d_model=96"],
+             ["devices=6", "parallel.tensor=2", "train.global_batch=6"],
+             ["devices=6", "parallel.tensor=2", "train.global_batch=6", "model.d_model=96"]]
+    p = subprocess.run([sys.executable, "-c", probe, json.dumps(cases)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=6", "JAX_PLATFORMS": "cpu"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = {" ".join(ov): (refused, lowered) for ov, refused, lowered in json.loads(p.stdout.splitlines()[-1])}
+    assert got == {"devices=3 train.global_batch=9": (True, "IndivisibleError"),
+                   "devices=3 train.global_batch=9 model.d_model=96": (False, True),
+                   "devices=6 parallel.tensor=2 train.global_batch=6": (True, "IndivisibleError"),
+                   "devices=6 parallel.tensor=2 train.global_batch=6 model.d_model=96": (False, True)}, got
 
 
 def test_bad_user_file(tmp_path, scaleout):

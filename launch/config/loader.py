@@ -181,8 +181,26 @@ def _load_yaml(path: Path, what: str) -> Dict[str, Any]:
     return container
 
 
+def _container(tp: Any) -> Optional[type]:
+    """list or dict when a key's type is a list or a mapping (optional or not), else None."""
+    if typing.get_origin(tp) is typing.Union:
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    origin = typing.get_origin(tp)
+    return origin if origin in (list, dict) else None
+
+
+def _list_example(key: str, tp: Any) -> str:
+    default = get(Config(), key)
+    if default:
+        return yaml_value(to_dict(default)).replace(" ", "")
+    inner = typing.get_args(tp)[0] if typing.get_origin(tp) is list else str
+    return "[5,7]" if inner is int else "[a,b]"
+
+
 def _prepare(node: Any, where: str, prefix: str = "") -> Any:
-    """Check that sections are mappings and give renamed keys their Python names (`async` -> `async_`)."""
+    """Check that sections are mappings, that list keys get no mapping and mapping keys no list (OmegaConf
+    would say only "Cannot merge incompatible container types"), and give renamed keys their Python
+    names (`async` -> `async_`)."""
     if not isinstance(node, dict):
         return node
     out = {}
@@ -193,7 +211,15 @@ def _prepare(node: Any, where: str, prefix: str = "") -> Any:
         if key in _SECTIONS and not isinstance(v, dict):
             example = next(k2 for k2 in _LEAVES if k2.startswith(key + ".")).split(".")[-1]
             raise ConfigError(f"{key}={_show(v)} in {where} is not valid: {key} is a section; set its keys, e.g. {key}.{example}=...")
-        field_ = _LEAVES.get(key, (None, None))[0]
+        field_, tp = _LEAVES.get(key, (None, None))
+        want = _container(tp)
+        if want is list and isinstance(v, dict) or want is dict and isinstance(v, list):
+            in_where = f" in {where}" if where not in ("the command line", "the update") else ""
+            shape = f"a list, e.g. {key}={_list_example(key, tp)}" if want is list else "a mapping of keys to values, e.g. {key: value}"
+            if key == "sweep.extra":
+                shape = "a mapping of config keys to lists of values, e.g. sweep.extra={model.remat: [none, full]}"
+            raise ConfigError(f"{key}={_show(v)}{in_where} is not valid: it must be {shape}, not a "
+                              f"{'mapping' if isinstance(v, dict) else 'list'}.")
         name = field_.name if field_ is not None else k
         out[name] = _prepare(v, where, key + ".") if key in _SECTIONS else v
     return out
@@ -259,7 +285,7 @@ def _translate(e: OmegaConfBaseException, where: Optional[str], merged: Any = No
         return _unknown(key, where)
     if isinstance(e, ValidationError) and key:
         base, tp = _schema_type(key)
-        if base == "sweep.extra" and isinstance(value, dict):
+        if base == "sweep.extra" and isinstance(value, dict) and "." not in key[len("sweep.extra."):]:
             return ConfigError(f"{key}={_show(value)}{in_where} is not valid: sweep.extra's keys are whole config keys; "
                                "write sweep.extra={model.remat: [none, full]}.")
         if base == "sweep.extra":
@@ -406,6 +432,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}; pick n_heads that divides d_model.")
     if (m.d_model // m.n_heads) % 2:
         raise ConfigError(f"model.d_model/n_heads={m.d_model // m.n_heads} is odd; RoPE needs an even head dimension.")
+    if cfg.data.eos_id is not None and cfg.data.eos_id >= m.vocab_size:
+        raise ConfigError(f"data.eos_id={cfg.data.eos_id} is not valid: it must be a token id below "
+                          f"model.vocab_size={m.vocab_size}, or null (the token file's, else the vocabulary's last id).")
     if m.init not in ("numpy", "native") and not m.init.startswith("hf:"):
         raise ConfigError(f"model.init={m.init!r} is not valid; choose one of: numpy, native, hf:DIR "
                           "(a Hugging Face Llama directory, e.g. one written by `scaleout export`).")
@@ -418,6 +447,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"model.n_heads={m.n_heads} is not divisible by parallel.tensor={tensor}; each tensor shard needs whole heads.")
     if m.d_ff % tensor or m.vocab_size % tensor:
         raise ConfigError(f"parallel.tensor={tensor} must divide model.d_ff={m.d_ff} and model.vocab_size={m.vocab_size}.")
+    if cfg.framework == "jax" and m.d_model % fsdp:  # PyTorch's FSDP2 pads its shards; a JAX sharding must divide
+        raise ConfigError(f"model.d_model={m.d_model} is not divisible by the fsdp axis size {fsdp} (devices={cfg.devices}, "
+                          f"parallel.fsdp={cfg.parallel.fsdp}); JAX shards every weight's d_model dimension over fsdp: "
+                          f"use a device count or parallel.fsdp that divides {m.d_model}, or put the rest on parallel.data.")
     dp = data * fsdp
     if t.global_batch % (dp * t.grad_accum):
         raise ConfigError(f"train.global_batch={t.global_batch} is not divisible by the data-parallel size {dp} (data*fsdp) times train.grad_accum={t.grad_accum}; use a multiple of {dp * t.grad_accum}.")
