@@ -84,6 +84,48 @@ def test_shared_checkpoint_dir_of_another_run_is_refused(tmp_path):
     assert sorted(str(p) for p in (tmp_path / "ckpt").rglob("*")) == before
 
 
+def test_checkpoint_load_from_is_checked_before_the_cell_is_written(tmp_path, scaleout):
+    """Issue 24.11: a checkpoint.load_from that does not exist, holds the other framework's checkpoints, only
+    incomplete ones, or is a cell directory is one sentence (exit 2, nothing written); the trainer said only
+    "holds no complete checkpoint" after the cell was written. A cell with its own checkpoint does not read it."""
+    src = tmp_path / "src"
+    (src / "step_4").mkdir(parents=True)
+    (src / "step_4" / "COMMIT").write_text("4")  # a committed PyTorch (DCP) step
+    (src / "6.orbax-checkpoint-tmp-1700000000").mkdir()  # an unfinished Orbax one
+    (tmp_path / "cell" / "checkpoints" / "3" / "state").mkdir(parents=True)  # a cell directory with a JAX step
+    run = ["run", f"run.dir={tmp_path / 'runs'}"]
+    cases = [
+        ([f"checkpoint.load_from={tmp_path / 'nope'}"], f"checkpoint.load_from={str(tmp_path / 'nope')!r} does not exist; "
+                                                       "give the checkpoint directory of a jax cell"),
+        ([f"checkpoint.load_from={src}"], f"checkpoint.load_from={str(src)!r} holds torch checkpoints (steps 4), which a "
+                                          "framework=jax cell cannot load"),
+        ([f"checkpoint.load_from={src}", "framework=torch", "checkpoint.async=false"], None),
+        ([f"checkpoint.load_from={tmp_path / 'cell'}"], f"checkpoint.load_from={str(tmp_path / 'cell')!r} is a cell "
+                                                       f"directory; give its checkpoint directory, checkpoint.load_from="
+                                                       f"{tmp_path / 'cell' / 'checkpoints'}."),
+        ([f"checkpoint.load_from={tmp_path / 'cell' / 'checkpoints'}"], None),
+    ]
+    for extra, message in cases:
+        for verb in ("plan", "run"):
+            if verb == "run" and message is None:
+                continue
+            code, out, err = scaleout(*([verb] + run[1:] if verb == "plan" else run), *extra)
+            if message is None:
+                assert code == 0, err
+                continue
+            assert code == 2 and out == "" and err.count("\n") == 1 and message in err, (verb, extra, err)
+            assert not (tmp_path / "runs").exists()
+    (src / "step_4").rename(src / "step_4.corrupt")
+    code, _, err = scaleout(*run, f"checkpoint.load_from={src}")
+    assert code == 2 and "holds no complete jax checkpoint (only incomplete saves: 6.orbax-checkpoint-tmp-1700000000)" in err
+    # a cell that has its own checkpoint continues from it: load_from is not read, so not checked
+    own = tmp_path / "ck" / "tiny" / "jax-d1"
+    (own / "2" / "state").mkdir(parents=True)
+    code, _, err = scaleout("plan", f"run.dir={tmp_path / 'runs'}", f"checkpoint.dir={tmp_path / 'ck'}",
+                            f"checkpoint.load_from={tmp_path / 'nope'}")
+    assert code == 0, err
+
+
 def test_run_refuses_a_finished_cell_with_other_math(tmp_path):
     """`scaleout run` with different math on an existing cell is refused before anything is written (issue 13.4)."""
     args = ["run", f"run.dir={tmp_path}/runs", "run.name=r", "train.steps=2", f"jax.cache_dir={tmp_path}/jc"]

@@ -36,6 +36,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.check and not args.compile:
         raise UserError("--check goes with --compile: `scaleout plan --compile --check KEY=VALUE...` exits 1 when the cell does not fit.")
     cfg = _config(args)
+    from launch.launcher import inputs, rundir
+    inputs.check_cell(rundir.RunDir(cfg).cell(cfg.framework, cfg.devices).cfg)  # checkpoint.load_from, as run checks it
     if args.compile:
         return _plan_compile(cfg, args)
     p = plan.describe(cfg)

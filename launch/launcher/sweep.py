@@ -78,7 +78,7 @@ def check(cfg: Config, run: RunDir, cells: Sequence[Cell]) -> Dict[str, Dict[str
     target = get_target(cfg.target)
     for c in cells:
         try:
-            inputs.check(c.cfg)
+            inputs.check_cell(c.cfg)
             target.validate(c.cfg)
         except ConfigError as e:
             raise ConfigError(f"cell {c.name}: {e}" if len(cells) > 1 else str(e)) from None
