@@ -333,14 +333,54 @@ def test_export_refuses_a_non_empty_out_dir_and_a_path_that_is_not_a_cell(tmp_pa
     assert code == 2 and "--max-shard-size='big' is not a size" in err
 
 
-def test_tokenizer_next_to_the_token_file_is_found(tmp_path):
-    data = tmp_path / "tokens.bin"
-    (np.arange(1000) % 256).astype(np.uint16).tofile(data)
-    cfg = config.load(["data.source=file", f"data.path={data}"])
-    assert export.tokenizer_for(cfg) is None
-    (tmp_path / "tokenizer.json").write_text("{}")
-    assert export.tokenizer_for(cfg) == tmp_path / "tokenizer.json"
+def test_export_ships_only_the_tokenizer_the_sidecar_records(tmp_path):
+    """Issue 24.7: a cell trained on byte-tokenised data got the BPE tokenizer.json that happened to sit next to
+    its token file. The tokenizer is the one the token file's sidecar records (name and sha256), or none."""
+    from launch.data import corpus, tokenizer
+    docs = corpus.write(tmp_path / "c.jsonl", docs=40)
+    d = tmp_path / "d"
+    tokenizer.prepare([str(docs)], str(d / "bpe.bin"), "bpe", 300, 0.0)  # writes d/tokenizer.json
+    tokenizer.prepare([str(docs)], str(d / "bytes.bin"), "bytes", val_fraction=0.0)  # byte tokens, in the same directory
+    bpe = config.load(["data.source=file", f"data.path={d / 'bpe.bin'}", "model.vocab_size=320"])
+    byte = config.load(["data.source=file", f"data.path={d / 'bytes.bin'}"])
+    assert export.tokenizer_for(bpe) == d / "tokenizer.json"
+    assert export.tokenizer_for(byte) is None  # the sidecar says bytes: no tokenizer.json, whatever sits beside it
     assert export.tokenizer_for(config.load()) is None
+    raw = tmp_path / "raw.bin"
+    (np.arange(1000) % 256).astype(np.uint16).tofile(raw)
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert export.tokenizer_for(config.load(["data.source=file", f"data.path={raw}"])) is None  # no sidecar: nothing says
+    # a tokenizer.json replaced since the tokens were made is not theirs
+    other = tokenizer.train_bpe([str(docs)], 280)
+    (d / "tokenizer.json").write_text(other.to_str())
+    assert export.tokenizer_for(bpe) is None
+    # one given by path (not rewritten by prepare-data) is recognised by its canonical form
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "tokenizer.json").write_text(json.dumps(json.loads(other.to_str()), indent=4))
+    tokenizer.prepare([str(docs)], str(tmp_path / "e" / "t.bin"), str(tmp_path / "e" / "tokenizer.json"), val_fraction=0.0)
+    cfg = config.load(["data.source=file", f"data.path={tmp_path / 'e' / 't.bin'}", "model.vocab_size=320"])
+    assert export.tokenizer_for(cfg) == tmp_path / "e" / "tokenizer.json"
+
+
+def test_export_refuses_an_out_dir_inside_a_checkpoint_directory(tmp_path, scaleout):
+    """Issue 24.8: an export into a checkpoint directory was accepted; the resumed run's save then deleted it or
+    renamed it `.corrupt`. Refused (one sentence, nothing written) inside the cell's own checkpoint directory, one
+    of its steps, or any other run's (owner file, or steps)."""
+    cell = _fake_cell(tmp_path, "torch", ["step_5"])
+    ck = tmp_path / "ck" / "tiny" / "torch-d1"
+    (ck / "step_5" / "COMMIT").write_text("5")
+    other = tmp_path / "other"
+    (other / "3" / "state").mkdir(parents=True)
+    (other / "3" / "meta").mkdir()
+    claimed = tmp_path / "claimed"
+    claimed.mkdir()
+    (claimed / "scaleout-run.json").write_text("{}")
+    for out in (ck / "hf", ck, ck / "step_5" / "hf", other / "hf", claimed / "x" / "hf"):
+        before = sorted(str(p) for p in tmp_path.rglob("*"))
+        code, stdout, err = scaleout("export", str(cell), str(out), "--force")  # --force: not merely "not empty"
+        assert code == 2 and stdout == "" and err.count("\n") == 1, (out, err)
+        assert f"OUT_DIR={str(out)!r} is inside the checkpoint directory " in err, (out, err)
+        assert sorted(str(p) for p in tmp_path.rglob("*")) == before
 
 
 # --------------------------------------------------------------------------- the round trip (trains)
@@ -437,3 +477,44 @@ def test_export_loads_in_transformers_and_starts_the_other_framework(tmp_path, s
     assert err.count("\n") == 1 and not (tmp_path / "bad").exists()
     code, stdout, err = scaleout("export", str(copy), str(tmp_path / "ok"), "--step", "3")
     assert code == 0, err
+
+
+@pytest.mark.slow
+def test_export_of_a_moved_cell_reads_its_own_checkpoints_and_checks_their_run(tmp_path, scaleout):
+    """Issue 24.6: after `cp -a runs/base moved/base; rm -rf runs/base` and a new run at the old place, export of
+    moved/base/jax-d1 read the new run's weights (config.yaml's absolute checkpoint.dir); with the old place gone
+    it said "holds no complete checkpoint". Now the moved cell's own checkpoints are read, and a checkpoint of
+    another run where the cell's are expected is refused."""
+    from conftest import run_cli
+
+    from jaxrun.checkpoint import load_params_numpy
+    common = ["run", f"run.dir={tmp_path}/runs", "run.name=base", "train.steps=2", "checkpoint.every=2",
+              "checkpoint.async=false", f"jax.cache_dir={tmp_path}/jc"]
+    assert run_cli(common, tmp_path).returncode == 0
+    shutil.copytree(tmp_path / "runs" / "base", tmp_path / "moved" / "base", symlinks=True)
+    shutil.rmtree(tmp_path / "runs" / "base")
+    moved = tmp_path / "moved" / "base" / "jax-d1"
+    own = load_params_numpy(moved / "checkpoints", 2)
+    code, stdout, err = scaleout("export", str(moved), str(tmp_path / "gone"))  # the old place does not exist
+    assert code == 0 and f"exported step 2 of {moved / 'checkpoints' / '2'}" in stdout, err
+    p = run_cli([*common, "train.seed=7"], tmp_path)  # a new run, other weights, at the old place
+    assert p.returncode == 0, p.stderr[-2000:]
+    new = load_params_numpy(tmp_path / "runs" / "base" / "jax-d1" / "checkpoints", 2)
+    assert not np.allclose(own["tok_embeddings"], new["tok_embeddings"])
+    code, stdout, err = scaleout("export", str(moved), str(tmp_path / "out"))
+    assert code == 0 and f"exported step 2 of {moved / 'checkpoints' / '2'}" in stdout, err
+    cfg = config.load_resolved(moved / "config.yaml")
+    got = hf.from_hf({k: hf.Reader(tmp_path / "out").get(k) for k in hf.Reader(tmp_path / "out").weight_map})
+    np.testing.assert_array_equal(got["tok_embeddings"], own["tok_embeddings"])
+    # a renamed copy too
+    shutil.copytree(moved, tmp_path / "renamed", symlinks=True)
+    code, stdout, err = scaleout("export", str(tmp_path / "renamed"), str(tmp_path / "out2"))
+    assert code == 0 and f"of {tmp_path / 'renamed' / 'checkpoints' / '2'}" in stdout, err
+    # the new run's checkpoints where the moved cell's should be: refused, naming both runs
+    shutil.rmtree(moved / "checkpoints")
+    shutil.copytree(tmp_path / "runs" / "base" / "jax-d1" / "checkpoints", moved / "checkpoints", symlinks=True)
+    new_id = json.loads((tmp_path / "runs" / "base" / "run.json").read_text())["id"]
+    code, stdout, err = scaleout("export", str(moved), str(tmp_path / "out3"))
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"the checkpoint {moved / 'checkpoints' / '2'} belongs to run {new_id}, not to the cell's run {cfg.run.id}" in err
+    assert not (tmp_path / "out3").exists()

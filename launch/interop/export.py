@@ -12,10 +12,18 @@ parameters are read, on this one CPU process whatever device count wrote them:
 - PyTorch (DCP): `dcp.load` without a process group into a state dict of only the `model.*` keys
   its metadata lists (the optimizer's tensors are never read).
 
+A cell's own checkpoints are found where they are now: when its config puts them inside the cell's
+directory (the default layout), they are read inside the directory given, so a copied or moved cell
+exports its own weights, never what now sits at the old absolute path. The checkpoint must record
+the cell's run id (`run.id`): another run's checkpoint at that place is refused.
+
 OUT_DIR gets config.json (LlamaConfig), model.safetensors (or shards of at most
-`--max-shard-size` plus model.safetensors.index.json), and tokenizer.json when the run's token file
-has one beside it. The files are written into a temporary directory next to OUT_DIR and moved in
-when complete. No `transformers` import is needed. Mistakes are one sentence (`ExportError`).
+`--max-shard-size` plus model.safetensors.index.json), and the tokenizer.json the run's token file
+was made with, as its sidecar records it (none for byte-tokenised data; a tokenizer.json beside the
+token file that is not the recorded one is not shipped). OUT_DIR may not lie inside a checkpoint
+directory (the next save there would delete or set it aside). The files are written into a
+temporary directory next to OUT_DIR and moved in when complete. No `transformers` import is needed.
+Mistakes are one sentence (`ExportError`).
 """
 
 from __future__ import annotations
@@ -46,8 +54,6 @@ DCP_COMMIT, DCP_META = "COMMIT", "meta.json"
 ORBAX_STEP = re.compile(r"^(\d+)$")  # jaxrun.checkpoint: <dir>/<N>/{state,meta}/, finalised by rename
 ORBAX_TMP = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
 ORBAX_STATE, ORBAX_META = "state", "meta"
-# Where a tokenizer may sit next to the run's token file (`data.path`).
-TOKENIZER_NEXT_TO_DATA = ("{path}.tokenizer.json", "{dir}/tokenizer.json")
 
 
 class ExportError(ValueError):
@@ -87,6 +93,18 @@ def _load_cell(path: Path) -> Config:
     return config_mod.load_resolved(path)
 
 
+def own_checkpoints(cell: Path, cfg: Config) -> Path:
+    """Where cell directory `cell` keeps its checkpoints now. When its config puts them inside the cell's
+    own directory as it was written (`<run.dir>/<run.name>/<cell>/...`, the default layout), the same place
+    inside `cell`, wherever the cell was copied or moved (and renamed) since; else the path its config gives."""
+    root = Path(cfg.checkpoint.dir)
+    try:
+        rel = root.relative_to(Path(cfg.run.dir) / cfg.run.name)
+    except ValueError:
+        return root
+    return cell.joinpath(*rel.parts[1:]) if len(rel.parts) > 1 else root
+
+
 def find_source(path: Path) -> Source:
     """What CELL_DIR_OR_CHECKPOINT names: a cell, a checkpoint directory, or one step of one."""
     path = Path(path).expanduser()
@@ -100,7 +118,7 @@ def find_source(path: Path) -> Source:
         if "://" in root:
             raise ExportError(f"the cell {path} keeps its checkpoints at {root}, which is not local; copy that directory "
                               "here and export the copy.")
-        return Source(cfg.framework, Path(root), cfg)
+        return Source(cfg.framework, own_checkpoints(path, cfg), cfg)
     step = None
     m = DCP_STEP.match(path.name) or ORBAX_STEP.match(path.name)
     if m and path.is_dir() and _framework_of(path.parent) is not None:
@@ -285,15 +303,78 @@ def check_out_dir(out: Path, force: bool) -> None:
 
 
 def tokenizer_for(cfg: Config) -> Optional[Path]:
-    """The tokenizer.json of the run's token file (beside `data.path`), if it has one."""
+    """The tokenizer.json the run's token file was made with, as its sidecar records it (`tokenizer`, a file
+    beside the token file, and `tokenizer_sha256`), or None: synthetic or byte-tokenised data, a token file
+    without a sidecar (nothing says which tokenizer made it), or a recorded tokenizer that is gone or was
+    replaced since (a warning says so). Never a tokenizer.json that merely sits next to the token file."""
     if cfg.data.source != "file" or not cfg.data.path or "://" in cfg.data.path:
         return None
+    from launch.data import tokenizer
     data = Path(cfg.data.path)
-    for pattern in TOKENIZER_NEXT_TO_DATA:
-        p = Path(pattern.format(path=data, dir=data.parent))
-        if p.is_file():
-            return p
-    return None
+    meta = tokenizer.read_sidecar(data)
+    name = meta.get("tokenizer") if meta else None
+    if name in (None, "bytes"):
+        return None
+    path = data.parent / str(name)
+    if not isinstance(name, str) or Path(name).name != name or not path.is_file():
+        log.warning(f"the sidecar of {data} records the tokenizer {name!r}, which is not a file beside it: "
+                    "exporting without a tokenizer")
+        return None
+    want = meta.get("tokenizer_sha256")
+    if want is not None and want not in _tokenizer_hashes(path):
+        log.warning(f"{path} is not the tokenizer {data} was made with (its sidecar records sha256 {str(want)[:12]}): "
+                    "exporting without a tokenizer")
+        return None
+    return path
+
+
+def _tokenizer_hashes(path: Path) -> Tuple[str, ...]:
+    """sha256 of a tokenizer.json's bytes, and of its canonical form (what prepare-data records when it
+    encoded with a tokenizer.json it did not rewrite)."""
+    import hashlib
+    raw = hashlib.sha256(path.read_bytes()).hexdigest()
+    try:
+        from tokenizers import Tokenizer
+        return raw, hashlib.sha256(Tokenizer.from_file(str(path)).to_str().encode()).hexdigest()
+    except Exception:  # not a tokenizer Hugging Face tokenizers reads: only its bytes can match
+        return (raw,)
+
+
+def check_not_in_checkpoints(out: Path, src: Source) -> None:
+    """Refuse an OUT_DIR inside a checkpoint directory: the source's, or any that a run claimed (its owner file)
+    or that holds checkpoint steps; the next save there would delete the export or set it aside as damaged."""
+    root = Path(src.root).resolve()
+    for p in (out, *out.parents):
+        if p == root or (p / files.OWNER_FILE).is_file() or _holds_steps(p):
+            raise ExportError(f"OUT_DIR={str(out)!r} is inside the checkpoint directory {p}, where a run's next save "
+                              "would delete it or set it aside; give a directory outside every checkpoint directory.")
+
+
+def _holds_steps(d: Path) -> bool:
+    """Whether `d` holds a checkpoint step of either trainer (committed DCP, Orbax with its items) or a save in flight."""
+    if not d.is_dir():
+        return False
+    try:
+        entries = list(d.iterdir())
+    except OSError:
+        return False
+    for p in entries:
+        if DCP_STEP.match(p.name) and (p / DCP_COMMIT).is_file() or DCP_TMP.match(p.name) and p.is_dir():
+            return True
+        if ORBAX_STEP.match(p.name) and (p / ORBAX_STATE).is_dir() and (p / ORBAX_META).is_dir() \
+                or ORBAX_TMP.match(p.name) and p.is_dir():
+            return True
+    return False
+
+
+def check_run(src: Source, d: Path, meta: Dict[str, Any]) -> None:
+    """The checkpoint must be one the cell's own run wrote: the place its config names may hold another
+    run's now (a new run where the cell was before it was moved)."""
+    ours, theirs = src.cfg.run.id, meta.get("run_id")
+    if ours is not None and theirs != ours:
+        whose = f"run {theirs}" if theirs else "no recorded run"
+        raise ExportError(f"the checkpoint {d} belongs to {whose}, not to the cell's run {ours}; export the cell of the "
+                          "run that wrote it, or give the checkpoint directory the cell's run wrote.")
 
 
 def hf_order(m: ModelConfig) -> List[str]:
@@ -337,10 +418,12 @@ def export(source: Path, out: Path, step: Optional[int] = None, dtype: str = "fp
     out = Path(out).expanduser().resolve()
     check_out_dir(out, force)
     src = find_source(source)
+    check_not_in_checkpoints(out, src)
     step = pick_step(src, step)
     d = step_dir(src, step)
     m = src.cfg.model
     meta = read_meta(src, step)
+    check_run(src, d, meta)
     from launch import config as config_mod
     if meta.get("config_hash") not in (None, config_mod.math_hash(src.cfg)):
         log.warning(f"the checkpoint {d} records config hash {meta['config_hash']}, the cell's config is "
