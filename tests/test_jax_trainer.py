@@ -184,6 +184,30 @@ def test_fsdp4_each_device_holds_a_quarter(tmp_path):
             assert len({str(s.index) for s in shards}) == 4, name  # four different quarters
 
 
+@pytest.mark.parametrize("axes", [["parallel.data=4", "parallel.fsdp=1"], ["parallel.data=2", "parallel.fsdp=2"]])
+def test_data_parallel_devices_each_hold_their_own_rows(tmp_path, axes):
+    """Issue 24.23: a batch sharded over fsdp only leaves the loss unchanged (every data replica computes the same
+    rows) but makes the throughput figure wrong. The trainer's own batch arrays, for parallel.data=4 and 2 x 2: each
+    device holds a quarter, rows [2i, 2i+2) of the global batch, and no two devices the same rows."""
+    from jaxrun.train import JaxEngine
+    from launch import config
+    from launch.data.batches import Batches
+    from launch.launcher.rundir import cell_config
+
+    cfg = cell_config(config.load(["devices=4", *axes, "train.global_batch=8", f"checkpoint.dir={tmp_path}/c",
+                                   "checkpoint.async=false"]), "x")
+    engine = JaxEngine(cfg, tmp_path)
+    T = cfg.model.seq_len
+    assert engine.batch_sh.shard_shape((8, T)) == (2, T)
+    assert engine.program.microbatch_sh.shard_shape((2, 4, T)) == (2, 1, T)
+    want, _ = Batches(cfg.data, cfg.model.vocab_size, T).split(3, 0, 8)
+    inputs, _ = engine._batch(3)
+    shards = inputs.addressable_shards
+    assert sorted(s.index[0].start for s in shards) == [0, 2, 4, 6]
+    for s in shards:
+        np.testing.assert_array_equal(np.asarray(s.data), want[s.index[0]])
+
+
 # --------------------------------------------------------------------------- the trainer started directly
 # (python -m jaxrun --config CELL/config.yaml, as every target starts it; no launcher involved)
 

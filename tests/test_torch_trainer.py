@@ -39,7 +39,7 @@ def test_same_curve_on_1_2_4_ranks_and_hsdp(tmp_path):
         np.testing.assert_allclose(c, curves[0], rtol=1e-4)
 
 
-def test_fsdp4_local_shards_are_a_quarter(tmp_path):
+def test_fsdp4_local_shards_are_a_quarter_and_each_data_rank_trains_its_own_rows(tmp_path):
     out = tmp_path / "shards.json"
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
                         str(ROOT / "tests" / "torch_shard_probe.py"), str(out)], capture_output=True, text=True,
@@ -49,6 +49,17 @@ def test_fsdp4_local_shards_are_a_quarter(tmp_path):
     assert shards, "no parameters reported"
     for name, (full, local) in shards.items():
         assert local[0] * 4 == full[0] and local[1:] == full[1:], name
+    # issue 24.23: with parallel.data=4 (and with HSDP 2 x 2) each rank trains on its own quarter of the batch,
+    # rows [2r, 2r+2) of the global batch of 8 (a trainer that split it over fsdp only would give every rank all 8)
+    from launch import config
+    from launch.data.batches import Batches
+    cfg = config.load(["framework=torch", "train.global_batch=8"])
+    batch, _ = Batches(cfg.data, cfg.model.vocab_size, cfg.model.seq_len).split(3, 0, 8)
+    for rank in range(4):
+        got = json.loads((tmp_path / f"shards.json.rows{rank}.json").read_text())
+        for layout in ("data4", "hsdp"):
+            assert got[layout]["rows_per_rank"] == 2, (rank, layout)
+            assert np.array_equal(np.array(got[layout]["inputs"]), batch[2 * rank: 2 * rank + 2]), (rank, layout)
 
 
 def test_stop_after_then_resume(tmp_path):
