@@ -263,8 +263,99 @@ def test_step_timer_and_summary_timing():
     assert loop.timing_fields(loop.Timing(compile_s=2.5), cfg)["compile_s"] == 2.5
 
 
-def test_engine_protocol_has_lazy_compile_s():
-    assert "lazy_compile_s" in loop.Engine.__annotations__
+class Clock:
+    """A perf_counter that moves only when told: fixed step times for the loop's timing."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+class FakeEngine:
+    """The loop's Engine without a framework: each step takes `step_s[i]` on the clock; the first step compiles
+    lazily (`lazy_compile_s`, as torch.compile does) when asked."""
+    framework, process_index, process_count, device_kind = "torch", 0, 1, "cpu"
+
+    def __init__(self, clock, step_s, lazy_s=0.0):
+        self.clock, self.step_s, self.lazy_s = clock, list(step_s), lazy_s
+        self.lazy_compile_s, self.settings, self.saved = 0.0, {}, []
+
+    def compile(self):
+        return 0.0
+
+    def restore(self):
+        return 0
+
+    def train_step(self, step, lr):
+        self.clock.now += self.step_s[step]
+        if self.lazy_s and not self.lazy_compile_s:
+            self.lazy_compile_s = self.lazy_s
+        return 5.0 - 0.1 * step, 1.0
+
+    def eval_loss(self, index):
+        return 4.0
+
+    def save(self, step):
+        self.clock.now += 0.25  # an intermediate save is part of the loop's wall clock
+        self.saved.append(step)
+
+    def finish(self):
+        self.clock.now += 10.0  # the final wait is not
+
+    def any_process(self, flag):
+        return flag
+
+    def peak_flops_per_device(self):
+        return 1e12
+
+    def bytes_per_device(self):
+        return engine.bytes_per_device(weights=100, optimizer=200)
+
+    def peak_memory_bytes(self):
+        return 1000
+
+    def versions(self):
+        return {}
+
+    def profiler(self, directory):
+        raise AssertionError("no profiling asked for")
+
+
+def _run_loop(tmp_path, monkeypatch, step_s, *overrides, lazy_s=0.0):
+    clock = Clock()
+    monkeypatch.setattr(loop.time, "perf_counter", clock)
+    cfg = _cfg(f"train.steps={len(step_s)}", *overrides)
+    fake = FakeEngine(clock, step_s, lazy_s)
+    summary = loop.run(fake, cfg, tmp_path, process_start=clock.now - 2.0, stopper=engine.Stopper())
+    return summary, metrics.read(tmp_path / "metrics.jsonl"), cfg
+
+
+def test_loop_throughput_figures_are_exact_from_fixed_step_times(tmp_path, monkeypatch):
+    """Issue 24.22: loop_tokens_per_s counting the warm-up steps survived (the checks were `> 0` and
+    `<= 1.5 x tokens_per_s`). Steps of 3, 1, 1, 1, 1 s with warmup_exclude=1, 0.25 s saves after steps 2 and 4
+    (and the last, after the loop) and 10 s of final wait: the steady steps' wall clock is 4 s plus two saves;
+    tokens_per_s is one step's tokens per second."""
+    s, recs, cfg = _run_loop(tmp_path, monkeypatch, [3.0, 1.0, 1.0, 1.0, 1.0], "train.warmup_exclude=1",
+                             "checkpoint.every=2", "train.global_batch=8", "model.seq_len=32")
+    tokens = 8 * 32
+    assert s["status"] == "ok" and s["timed_steps"] == 4
+    assert s["tokens_per_s"] == pytest.approx(tokens / 1.0, rel=1e-12)
+    assert s["loop_tokens_per_s"] == pytest.approx(tokens * 4 / (4.0 + 2 * 0.25), rel=1e-12)
+    assert s["time_to_first_step_s"] == pytest.approx(2.0 + 3.0, rel=1e-12)
+    assert s["step_time_p50_s"] == 1.0 and s["compile_s"] == pytest.approx(2.0)  # eager: the warm-up step's extra
+    assert [r["step_time_s"] for r in recs if r["kind"] == "step"] == pytest.approx([3.0, 1.0, 1.0, 1.0, 1.0])
+
+
+def test_a_lazy_framework_reports_its_compile_time_from_the_engine(tmp_path, monkeypatch):
+    """Issue 24.26 (was: the Engine protocol has an annotation): an engine that compiles inside its first step
+    (torch.compile) reports that time as compile_s and in a `compile` record, not the warm-up's extra time."""
+    s, recs, _ = _run_loop(tmp_path, monkeypatch, [3.0, 1.0, 1.0, 1.0], "train.warmup_exclude=1", lazy_s=1.75)
+    assert s["compile_s"] == 1.75
+    assert [r["seconds"] for r in recs if r["kind"] == "compile"] == [1.75]
+    s, recs, _ = _run_loop(tmp_path / "eager", monkeypatch, [3.0, 1.0, 1.0, 1.0], "train.warmup_exclude=1")
+    assert s["compile_s"] == pytest.approx(2.0) and not [r for r in recs if r["kind"] == "compile"]
 
 
 # --------------------------------------------------------------------------- process life

@@ -59,38 +59,48 @@ def test_report_on_hand_made_metrics(tmp_path):
     # 1 device: jax starts 30 s later but steps take 0.5 s vs 0.8 s -> catches up after 1 + 30/0.3 = 101 steps
     _cell(run, "jax-d1", "jax", 1, _s(1000, 1, 40.0, 0.5), losses=[5.0, 4.0, 3.0])
     _cell(run, "torch-d1", "torch", 1, _s(625, 1, 10.0, 0.8), losses=[5.0, 4.0, 3.03])
-    # 2 devices: jax starts later and is slower per step -> never
+    # 2 devices: jax starts later and is slower per step -> never catches up (issue 24.26: a cell that ran, to show it)
     _cell(run, "jax-d2", "jax", 2, _s(1500, 2, 40.0, 0.9))
-    _cell(run, "torch-d2", "torch", 2, None, status="failed")
-    (run / "torch-d2" / "logs").mkdir()
-    (run / "torch-d2" / "logs" / "torchrun.log").write_text("Traceback...\nRuntimeError: NCCL timeout on rank 3\n")
+    _cell(run, "torch-d2", "torch", 2, _s(1250, 2, 10.0, 0.8))
+    # 8 devices: a failed cell whose error is in its log, 4 devices: one whose summary has it
+    _cell(run, "torch-d8", "torch", 8, None, status="failed")
+    (run / "torch-d8" / "logs").mkdir()
+    (run / "torch-d8" / "logs" / "torchrun.log").write_text("Traceback...\nRuntimeError: NCCL timeout on rank 3\n")
     _cell(run, "torch-d4", "torch", 4, {**_s(2000, 4, 12.0, 0.6), "error": "RuntimeError: boom\n"}, status="failed")
-    (run / "sweep.json").write_text(json.dumps({"scaling": "weak", "cells": [
-        {"name": n} for n in ["jax-d1", "jax-d2", "torch-d1", "torch-d2", "torch-d4"]]}))
-    # a second 2-device torch cell that ran: for the "never" case
+    names = ["jax-d1", "jax-d2", "torch-d1", "torch-d2", "torch-d4", "torch-d8"]
+    (run / "sweep.json").write_text(json.dumps({"scaling": "weak", "cells": [{"name": n} for n in names]}))
     out = report.write(run)
     doc = json.loads(out["json"].read_text())
     rows = {r["cell"]: r for r in doc["cells"]}
-    assert len(rows) == 5
-    assert rows["torch-d2"]["status"] == "failed" and rows["torch-d2"]["error"] == "RuntimeError: NCCL timeout on rank 3"
+    assert sorted(rows) == names
+    assert rows["torch-d8"]["status"] == "failed" and rows["torch-d8"]["error"] == "RuntimeError: NCCL timeout on rank 3"
     assert rows["torch-d4"]["status"] == "failed" and rows["torch-d4"]["error"] == "RuntimeError: boom"
     d = doc["derived"]
     assert d["efficiency"]["jax"] == {"1": 1.0, "2": 0.75}
-    assert d["jax_over_torch"] == {"1": 1.6}
+    assert d["jax_over_torch"] == {"1": 1.6, "2": 1.2}
     be = d["break_even"]["1"]
     assert be["slower_start"] == "jax" and be["steps"] == 101
     assert be["wall_time_s"]["jax"] == pytest.approx(40 + 9999 * 0.5)
     assert be["wall_time_s"]["torch"] == pytest.approx(10 + 9999 * 0.8)
+    never = d["break_even"]["2"]
+    assert never["slower_start"] == "jax" and never["steps"] == "never"
+    assert never["wall_time_s"]["jax"] == pytest.approx(40 + 9999 * 0.9)
     assert d["loss_gap"]["1"]["max_rel_diff"] == pytest.approx(0.03 / 3.03)
     assert doc["hardware"]["device_kinds"] == ["NVIDIA H100"] and not doc["hardware"]["simulated_devices_share_host"]
     md = out["md"].read_text()
     assert "**failed**: RuntimeError: NCCL timeout on rank 3" in md and "catches up after 101 steps" in md
+    assert "- 2 device(s): JAX/PyTorch throughput 1.20x. jax starts 30.0 s later and never catches up" in md
     with open(out["csv"]) as f:
-        assert len(list(csv.DictReader(f))) == 5
+        assert len(list(csv.DictReader(f))) == 6
 
 
 def test_break_even_arithmetic():
     assert report.break_even(40, 0.5, 10, 0.8) == {"slower_start": "a", "steps": 101}
+    # issue 24.20: 1 + 10 / 0.3 = 34.33 steps: at 34 the slower start is still behind, at 35 it is ahead (not round())
+    assert report.break_even(20, 0.5, 10, 0.8) == {"slower_start": "a", "steps": 35}
+    assert report.wall_time(20, 0.5, 34) > report.wall_time(10, 0.8, 34)
+    assert report.wall_time(20, 0.5, 35) < report.wall_time(10, 0.8, 35)
+    assert report.break_even(10, 0.8, 20, 0.5)["steps"] == 35
     assert report.break_even(10, 0.8, 40, 0.5) == {"slower_start": "b", "steps": 101}
     assert report.break_even(40, 0.9, 10, 0.8)["steps"] == "never"
     assert report.break_even(40, 0.8, 10, 0.8)["steps"] == "never"

@@ -71,6 +71,23 @@ def torch_logits_loss_grads(m, per_layer, d, impl="sdpa"):
 
 # ----------------------------------------------------------------------------- data
 
+def _segments(rows, eos):
+    """The document index of every position, counted one token at a time (the reference `segments_from_eos` must
+    equal): it starts at 0 and goes up by one after each end-of-document token."""
+    out = np.zeros(rows.shape, np.int64)
+    for r, row in enumerate(rows):
+        doc = 0
+        for t, token in enumerate(row):
+            out[r, t] = doc
+            doc += int(token == eos)
+    return out
+
+
+def test_segments_from_eos_against_the_reference():
+    rows = np.array([[9, 1, 9, 9, 2, 3], [1, 2, 3, 4, 5, 9]])
+    assert segments_from_eos(rows, 9).tolist() == [[0, 1, 1, 2, 3, 3], [0, 0, 0, 0, 0, 0]] == _segments(rows, 9).tolist()
+
+
 def test_documents_are_a_function_of_seed_step_row_and_split_on_eos():
     cfg = _doc_cfg()
     m = cfg.model
@@ -83,7 +100,11 @@ def test_documents_are_a_function_of_seed_step_row_and_split_on_eos():
         assert np.array_equal(np.concatenate([getattr(p, f) for p in parts]), getattr(full, f))
     eos = m.vocab_size - 1
     assert np.array_equal(full.inputs[:, 1:], full.targets[:, :-1])
-    assert np.array_equal(full.segment_ids, segments_from_eos(full.inputs, eos))
+    assert np.array_equal(full.segment_ids, _segments(full.inputs, eos))  # issue 24.26: against a reference, not itself
+    # issue 24.21: the documents are a function of the step too: the same rows at another step are cut elsewhere
+    other = document_batch(b, cfg, 5, 0, 8)
+    assert not np.array_equal(other.segment_ids, full.segment_ids)
+    assert all(not np.array_equal(other.segment_ids[r], full.segment_ids[r]) for r in range(8))
     # an EOS ends its document: the next token starts a new one at position 0
     r, t = np.argwhere(full.inputs[:, :-1] == eos)[0]
     assert full.segment_ids[r, t + 1] == full.segment_ids[r, t] + 1 and full.positions[r, t + 1] == 0
@@ -106,7 +127,7 @@ def test_file_source_splits_on_eos(tmp_path):
     cfg = config.load(DOC + ["data.source=file", f"data.path={path}", "data.eos_id=9", "model.seq_len=16"])
     d = document_batch(Batches(cfg.data, cfg.model.vocab_size, 16), cfg, 0, 0, 2)
     for r in range(2):
-        assert np.array_equal(d.segment_ids[r], segments_from_eos(d.inputs[r:r + 1], 9)[0])
+        assert np.array_equal(d.segment_ids[r], _segments(d.inputs[r:r + 1], 9)[0])
         after = np.flatnonzero(d.inputs[r] == 9) + 1
         assert (d.positions[r, after[after < 16]] == 0).all()
     assert np.array_equal(document_positions(np.array([[0, 0, 1, 1, 1, 2]])), [[0, 1, 0, 1, 2, 0]])
