@@ -38,26 +38,54 @@ def setup_xla_flags(cfg) -> None:
     os.environ["XLA_FLAGS"] = " ".join(f for f in flags if f)
 
 
-def setup_distributed() -> None:
-    import jax
+def setup_memory_fraction(cfg) -> None:
+    """`model.gpu_memory_fraction` as XLA_PYTHON_CLIENT_MEM_FRACTION, before JAX starts a backend: the
+    share of each GPU JAX preallocates (its own default is 0.75), the same the PyTorch trainer allows."""
+    import logging
 
     from launch.common import envvars
+    value = f"{cfg.model.gpu_memory_fraction:g}"
+    given = os.environ.get(envvars.XLA_MEM_FRACTION)
+    if given is not None and given != value:
+        logging.getLogger("jaxrun").warning(f"{envvars.XLA_MEM_FRACTION}={given} in the environment is replaced by "
+                                            f"model.gpu_memory_fraction={value} (the same share in both frameworks)")
+    os.environ[envvars.XLA_MEM_FRACTION] = value
+
+
+def distributed_args(env, devices: int) -> Optional[dict]:
+    """The arguments of `jax.distributed.initialize` for this process, or None for a lone process.
+
+    - explicit coordinator (local.processes > 1, the TPU emulation): each process drives its own
+      devices/processes GPUs of the host (`launch.core.gpus.jax_local_device_ids`: process i the ones
+      from i * k), never every GPU it sees; None (CPU devices) where it sees no GPU;
+    - SLURM: auto-detection, with this task's local GPU (jax's own guess, [SLURM_LOCALID], is wrong when
+      SLURM binds one GPU per task: local id 1 would ask for GPU 1 of a one-GPU view); None on a CPU node;
+    - Cloud TPU: auto-detection (worker 0 is the coordinator)."""
+    from launch.common import envvars
     from launch.core import gpus
+
+    if env.get(envvars.COORDINATOR):
+        processes = int(env[envvars.NUM_PROCESSES])
+        return {"coordinator_address": env[envvars.COORDINATOR], "num_processes": processes,
+                "process_id": int(env[envvars.PROCESS_ID]),
+                "local_device_ids": gpus.jax_local_device_ids(env, devices_per_process=max(1, devices // processes))}
+    if env.get(envvars.DISTRIBUTED) == "slurm" and int(env.get("SLURM_NTASKS", "1")) > 1:
+        return {"local_device_ids": gpus.jax_local_device_ids(env)}
+    if env.get(envvars.DISTRIBUTED) == "tpu":
+        return {}
+    return None
+
+
+def setup_distributed(cfg) -> None:
+    import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     # JAX's preemption service takes SIGTERM for itself; scaleout's own stop (launch.core.engine.Stopper, the
     # loop's collective stop) handles it the same way in both frameworks
     jax.config.update("jax_enable_preemption_service", False)
-    if os.environ.get(envvars.COORDINATOR):
-        jax.distributed.initialize(coordinator_address=os.environ[envvars.COORDINATOR],
-                                   num_processes=int(os.environ[envvars.NUM_PROCESSES]),
-                                   process_id=int(os.environ[envvars.PROCESS_ID]))
-    elif os.environ.get(envvars.DISTRIBUTED) == "slurm" and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
-        # SLURM auto-detection, with this task's local GPU: jax's own guess, [SLURM_LOCALID], is wrong when SLURM
-        # binds one GPU per task (local id 1 would ask for GPU 1 of a one-GPU view); None on a CPU node
-        jax.distributed.initialize(local_device_ids=gpus.jax_local_device_ids(os.environ))
-    elif os.environ.get(envvars.DISTRIBUTED) == "tpu":
-        jax.distributed.initialize()  # Cloud TPU auto-detection (worker 0 is the coordinator)
+    args = distributed_args(os.environ, cfg.devices)
+    if args is not None:
+        jax.distributed.initialize(**args)
 
 
 def setup_cache(cfg) -> None:
@@ -71,8 +99,11 @@ def setup_cache(cfg) -> None:
 
 def build(cfg, cell_dir):
     """The framework's part of starting up: join the runtime, set the cache, build the engine."""
+    from launch.core import gpus
+    gpus.check_driver(os.environ)  # a CUDA build this driver cannot run: one sentence, before CUDA starts
     setup_xla_flags(cfg)
-    setup_distributed()
+    setup_memory_fraction(cfg)
+    setup_distributed(cfg)
     import jax
 
     from launch.core import gpus

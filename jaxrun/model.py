@@ -3,11 +3,15 @@
 token embedding -> n_layers x [RMSNorm -> causal attention with RoPE -> residual,
 RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> lm head. No biases.
 
+Attention is `jax.nn.dot_product_attention(..., is_causal=True, implementation=KERNEL)` with the
+kernel `model.attention_impl` resolved to (`launch.core.attention`; the trainer probes it on its
+device and records it): `cudnn`, cuDNN's fused flash attention (GPU, bf16), or `xla`, XLA's dense
+path (every score materialised; what `implementation=None` falls back to in jax 0.10).
+
 `model.attention=document`: the call also takes `segment_ids` and `positions` (batch, seq) from
 `launch.data.batches.DocBatch`; RoPE uses the per-document positions and attention gets the boolean
-mask segment_q == segment_k on top of `is_causal`, through `jax.nn.dot_product_attention` (XLA's
-implementation on CPU and TPU; on GPU the same call, cuDNN's fused kernel where it takes the
-mask). On TPU the kernel that skips the masked blocks instead of computing and discarding them is
+mask segment_q == segment_k on top of `is_causal` (cuDNN takes it as a dense mask: fused, but every
+block is computed; `jax.nn.dot_product_attention` has no segment-id argument). On TPU the kernel that skips the masked blocks instead of computing and discarding them is
 splash attention (`jax.experimental.pallas.ops.tpu.splash_attention`, `SegmentIds(q, kv)` with a
 `CausalMask`): scaleout does not call it yet, so a TPU run computes every block of the dense mask.
 `model.norm_impl=custom` uses `jaxrun.ops.rms_norm_custom` (a `jax.custom_vjp`). Weights are fp32
@@ -80,10 +84,12 @@ class Transformer(nnx.Module):
 
     def __call__(self, tokens: jax.Array, m: ModelConfig,
                  constrain: Callable[[jax.Array], jax.Array] = lambda x: x,
-                 segment_ids: Optional[jax.Array] = None, positions: Optional[jax.Array] = None) -> jax.Array:
+                 segment_ids: Optional[jax.Array] = None, positions: Optional[jax.Array] = None,
+                 attention_kernel: str = "xla") -> jax.Array:
         """tokens (batch, seq) int32 -> logits (batch, seq, vocab) float32. With `segment_ids`
         (batch, seq) a token attends only to earlier tokens of its own document; `positions`
-        (batch, seq) replace 0..seq-1 as RoPE positions."""
+        (batch, seq) replace 0..seq-1 as RoPE positions; `attention_kernel` is the `implementation`
+        of `jax.nn.dot_product_attention` (xla | cudnn)."""
         dtype = DTYPES[m.dtype]
         x = constrain(jnp.take(self.tok_embeddings[...], tokens, axis=0).astype(dtype))
         cos, sin = rope_tables(tokens.shape[1], m.d_model // m.n_heads, m.rope_theta, positions)
@@ -97,7 +103,7 @@ class Transformer(nnx.Module):
         }
 
         def block_fn(x, p):
-            return constrain(block(x, p, cos, sin, m, mask)), None
+            return constrain(block(x, p, cos, sin, m, mask, attention_kernel)), None
 
         if m.remat != "none":
             block_fn = jax.checkpoint(block_fn, policy=REMAT_POLICIES[m.remat])
@@ -149,7 +155,30 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return (x.astype(jnp.float32) * c + rotated.astype(jnp.float32) * s).astype(x.dtype)
 
 
-def block(x: jax.Array, p: dict, cos, sin, m: ModelConfig, mask: Optional[jax.Array] = None) -> jax.Array:
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: Optional[jax.Array], kernel: str) -> jax.Array:
+    """Causal attention of (batch, seq, heads, head_dim) q, k, v with `kernel` (xla | cudnn)."""
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True, implementation=kernel)
+
+
+def probe_attention(kernel: str, m: ModelConfig, device, documents: bool) -> Optional[str]:
+    """None when `kernel` compiles, forward and backward, for this model's attention shapes (one row)
+    in its dtype on `device`; else the first line of the reason (e.g. cuDNN missing or refusing)."""
+    H, hd = m.n_heads, m.d_model // m.n_heads
+    x = jax.ShapeDtypeStruct((1, m.seq_len, H, hd), DTYPES[m.dtype], sharding=jax.sharding.SingleDeviceSharding(device))
+    mask = (jax.ShapeDtypeStruct((1, 1, m.seq_len, m.seq_len), jnp.bool_, sharding=x.sharding) if documents else None)
+
+    def loss(q, k, v, mask):
+        return attend(q, k, v, mask, kernel).astype(jnp.float32).sum()
+
+    try:
+        jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(x, x, x, mask).compile()
+    except Exception as e:  # what the kernel's own checks say (shapes, dtype, cuDNN version, no cuDNN)
+        return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+    return None
+
+
+def block(x: jax.Array, p: dict, cos, sin, m: ModelConfig, mask: Optional[jax.Array] = None,
+          attention_kernel: str = "xla") -> jax.Array:
     """One transformer block; `p` holds this layer's weights (no layer axis)."""
     dtype = x.dtype
     B, T, _ = x.shape
@@ -159,7 +188,7 @@ def block(x: jax.Array, p: dict, cos, sin, m: ModelConfig, mask: Optional[jax.Ar
     k = (h @ p["wk"].astype(dtype)).reshape(B, T, H, hd)
     v = (h @ p["wv"].astype(dtype)).reshape(B, T, H, hd)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    a = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True).reshape(B, T, H * hd)
+    a = attend(q, k, v, mask, attention_kernel).reshape(B, T, H * hd)
     x = x + a @ p["wo"].astype(dtype)
     h = norm(x, p["ffn_norm"], m)
     g = jax.nn.silu(h @ p["w1"].astype(dtype)) * (h @ p["w3"].astype(dtype))

@@ -26,10 +26,12 @@ import optax
 from flax import nnx
 
 from jaxrun import checkpoint, mesh as mesh_mod
-from jaxrun.model import Transformer, cross_entropy
+from jaxrun.model import Transformer, cross_entropy, probe_attention
 from jaxrun.profile import JaxCapture
+from launch.common import envvars
 from launch.config.schema import Config
-from launch.core import engine
+from launch.core import attention, engine
+from launch.core.flops import precision_of
 from launch.core.params import init_param, init_stacked, param_table
 from launch.data.batches import Batches, document_batch
 
@@ -50,8 +52,8 @@ class TrainStep:
     jitted step with its in/out shardings and donated state. `JaxEngine` compiles and runs it;
     `jaxrun.aot` lowers exactly this object for devices this machine does not have."""
 
-    def __init__(self, cfg: Config, mesh):
-        self.cfg, self.mesh = cfg, mesh
+    def __init__(self, cfg: Config, mesh, attention_kernel: str = "xla"):
+        self.cfg, self.mesh, self.attention_kernel = cfg, mesh, attention_kernel
         m = cfg.model
         self.graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(m, nnx.Rngs(0))))
         self.param_sh = mesh_mod.param_shardings(mesh, cfg, abstract)
@@ -81,7 +83,8 @@ class TrainStep:
 
     def _loss(self, params, inputs, targets, segment_ids=None, positions=None):
         model = nnx.merge(self.graphdef, params)
-        logits = model(inputs, self.cfg.model, mesh_mod.activation_constraint(self.mesh), segment_ids, positions)
+        logits = model(inputs, self.cfg.model, mesh_mod.activation_constraint(self.mesh), segment_ids, positions,
+                       self.attention_kernel)
         return cross_entropy(logits, targets)
 
     def _train_step(self, params, opt_state, inputs, targets, lr, doc=()):
@@ -112,6 +115,18 @@ class TrainStep:
         return params, opt_state, loss, gnorm
 
 
+def resolve_attention(cfg: Config, device) -> attention.Kernel:
+    """`model.attention_impl` for this device: the first candidate (`launch.core.attention`) that
+    compiles for the cell's attention shapes here (`jaxrun.model.probe_attention`; the dense path
+    needs no probe). Raises AttentionUnavailable for `fused` where none does."""
+    m = cfg.model
+    options = attention.candidates("jax", device.platform, m.dtype, m.attention, m.attention_impl)
+    documents = m.attention == "document"
+    return attention.choose(options, lambda k: None if k.kind == attention.DENSE else
+                            probe_attention(k.name, m, device, documents),
+                            m.attention_impl, device.platform, m.dtype, m.attention)
+
+
 class JaxEngine:
     framework = "jax"
 
@@ -125,13 +140,20 @@ class JaxEngine:
         self.mesh = mesh_mod.make_mesh(cfg)
         self.device_kind = self.mesh.devices.flat[0].device_kind
         self.platform = self.mesh.devices.flat[0].platform
+        gpu = self.platform == "gpu"  # model.gpu_memory_fraction, set before JAX started (jaxrun.__main__)
+        self.settings.update({"gpu_memory_fraction": cfg.model.gpu_memory_fraction if gpu else None,
+                              envvars.XLA_MEM_FRACTION: os.environ.get(envvars.XLA_MEM_FRACTION) if gpu else None})
+        self.settings["mfu_peak"] = engine.mfu_peak_basis(self.platform == "cpu", self.device_kind,
+                                                          precision_of(cfg.model))
         m = cfg.model
-        self.program = TrainStep(cfg, self.mesh)
+        self.attention = resolve_attention(cfg, self.mesh.devices.flat[0])
+        self.program = TrainStep(cfg, self.mesh, self.attention.name)
         p = self.program
         self.param_sh, self.opt_sh, self.batch_sh, self.tx = p.param_sh, p.opt_sh, p.batch_sh, p.tx
         self.abstract_params, self.abstract_opt = p.abstract_params, p.abstract_opt
         self.lazy_compile_s = 0.0  # everything is compiled ahead of the first step (`compile`)
-        self.settings.update({"attention": m.attention, "norm_impl": m.norm_impl,
+        self.settings.update({"attention": m.attention, "norm_impl": m.norm_impl, "attention_impl": m.attention_impl,
+                              **self.attention.settings(),
                               "document_mask_impl": "jax.nn.dot_product_attention(mask)" if m.attention == "document" else None})
         self.data = Batches(cfg.data, m.vocab_size, m.seq_len)
         self.params = self.opt_state = None
@@ -254,7 +276,7 @@ class JaxEngine:
     def peak_flops_per_device(self) -> float:
         from launch.core.flops import datasheet_peak
         if self.platform != "cpu":
-            return datasheet_peak(self.device_kind) or 0.0
+            return datasheet_peak(self.device_kind, precision_of(self.cfg.model)) or 0.0
         return engine.cpu_peak_per_device(self.cfg.devices, self.process_index, self.process_count,
                                           matmul=_cpu_matmul, barrier=_barrier, broadcast=_broadcast_from_process0)
 

@@ -155,9 +155,9 @@ def test_check_platform_refuses_cpu_when_gpus_are_there():
     with pytest.raises(RuntimeError) as e:
         gpus.check_platform("jax", "cpu", env)
     msg = str(e.value)
-    assert "pip install 'jax[cuda12]'" in msg and "CUDA_VISIBLE_DEVICES=1" in msg
+    assert "pip install 'jax[cuda13]==0.10.2'" in msg and "CUDA_VISIBLE_DEVICES=1" in msg
     assert "\n" not in msg and msg.count(". ") == 0 and msg.endswith(".")  # one sentence
-    with pytest.raises(RuntimeError, match=r"pip install torch --index-url https://download\.pytorch\.org/whl/cu"):
+    with pytest.raises(RuntimeError, match=r"pip install 'torch==2\.13\.0'"):
         gpus.check_platform("torch", "cpu", env)
     for platform in ("gpu", "cuda", "rocm", "tpu"):
         gpus.check_platform("jax", platform, env)  # on an accelerator: fine
@@ -383,6 +383,6 @@ def test_jax_on_cpu_with_gpus_fails_at_once(gpu_partition, tmp_path):
     assert not [r for r in recs if r["kind"] == "step"], "the trainer ran steps on the CPU"
     s = summary(recs)
     assert s["status"] == "failed" and s["steps"] == 0, s
-    assert "pip install 'jax[cuda12]'" in s["error"] and "CUDA_VISIBLE_DEVICES=" in s["error"], s["error"]
+    assert "pip install 'jax[cuda13]==0.10.2'" in s["error"] and "CUDA_VISIBLE_DEVICES=" in s["error"], s["error"]
     status = run_cli(["status", str(run)], cwd=tmp_path)
-    assert "pip install 'jax[cuda12]'" in status.stdout, status.stdout
+    assert "pip install 'jax[cuda13]==0.10.2'" in status.stdout, status.stdout

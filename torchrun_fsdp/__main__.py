@@ -41,9 +41,9 @@ def setup_distributed(cfg) -> None:
 def build(cfg, cell_dir):
     """The framework's part of starting up: refuse a CPU-only PyTorch on a host with GPUs, join the
     process group, build the engine."""
-    import torch
-
     from launch.core import gpus
+    gpus.check_driver(os.environ)  # a CUDA build this driver cannot run: one sentence, before CUDA starts
+    import torch
     gpus.check_platform("torch", "cuda" if torch.cuda.is_available() else "cpu", os.environ)
     setup_distributed(cfg)
     from torchrun_fsdp.train import TorchEngine

@@ -13,6 +13,10 @@ by one of two implementations (`torch.document_mask_impl`, resolved by the train
   support backward on CPU"), so training on CPU uses sdpa.
 - sdpa: `scaled_dot_product_attention` with a dense (batch, 1, seq, seq) boolean mask
   (same document and causal): every block is computed.
+Which SDPA backend runs is not left to SDPA's own choice: the trainer resolves `model.attention_impl`
+(`launch.core.attention`), probes the kernel on its device (`probe_attention`) and enables that one
+backend alone (`use_attention_kernel`): `flash` / `efficient` (fused) or `math` (dense), so the kernel
+recorded in the start record is the one that ran (SDPA raises rather than fall back to another).
 `model.norm_impl=custom` uses `torchrun_fsdp.ops.rms_norm_custom` (a torch.library op with a
 hand-written backward).
 """
@@ -57,6 +61,46 @@ def document_dense_mask(segment_ids: torch.Tensor) -> torch.Tensor:
     T = segment_ids.shape[1]
     causal = torch.ones(T, T, dtype=torch.bool, device=segment_ids.device).tril()
     return ((segment_ids[:, :, None] == segment_ids[:, None, :]) & causal)[:, None]
+
+
+SDPA_KERNELS = ("flash", "efficient", "math")
+
+
+def _sdpa_backend(kernel: str):
+    from torch.nn.attention import SDPBackend
+    return {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[kernel]
+
+
+def probe_attention(kernel: str, m: ModelConfig, device: torch.device, documents: bool) -> Optional[str]:
+    """None when `kernel` runs forward and backward for this model's attention shapes (one row) in its
+    compute dtype on `device`, else the first line of why not. flex is not probed on CUDA (it is
+    compiled on the first step); torch 2.13's CPU build has no flex_attention backward."""
+    if kernel == "flex":
+        return None if device.type == "cuda" else "flex_attention has no backward on CPU in this torch"
+    from torch.nn.attention import sdpa_kernel
+    H, hd, T = m.n_heads, m.d_model // m.n_heads, m.seq_len
+    dtype = torch.bfloat16 if m.dtype == "bf16" else torch.float32
+    q = torch.randn(1, H, T, hd, dtype=dtype, device=device, requires_grad=True)
+    mask = torch.ones(1, 1, T, T, dtype=torch.bool, device=device).tril() if documents else None
+    try:
+        with sdpa_kernel([_sdpa_backend(kernel)]):
+            out = (F.scaled_dot_product_attention(q, q, q, attn_mask=mask) if documents
+                   else F.scaled_dot_product_attention(q, q, q, is_causal=True))
+            out.float().sum().backward()
+    except RuntimeError as e:
+        return (str(e).strip().splitlines() or ["RuntimeError"])[0][:300]
+    return None
+
+
+def use_attention_kernel(kernel: str) -> None:
+    """Enable exactly one SDPA backend for this process (flash, efficient or math; flex uses none):
+    SDPA then runs that kernel or raises, never another one silently."""
+    if kernel not in SDPA_KERNELS:
+        return
+    torch.backends.cuda.enable_flash_sdp(kernel == "flash")
+    torch.backends.cuda.enable_mem_efficient_sdp(kernel == "efficient")
+    torch.backends.cuda.enable_math_sdp(kernel == "math")
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def _param(*shape) -> nn.Parameter:

@@ -22,12 +22,13 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from launch.config.schema import Config
-from launch.core import engine, gpus
+from launch.core import attention, engine, gpus
+from launch.core.flops import precision_of
 from launch.core.params import init_param, named_params
 from launch.data.batches import Batches, document_batch
 from torchrun_fsdp import parallel
 from torchrun_fsdp.checkpoint import Checkpointer
-from torchrun_fsdp.model import Transformer, cross_entropy
+from torchrun_fsdp.model import Transformer, cross_entropy, probe_attention, use_attention_kernel
 from torchrun_fsdp.profile import TorchCapture
 
 # model.matmul_precision -> torch.set_float32_matmul_precision (`high` allows TF32), the same
@@ -58,12 +59,23 @@ class TorchEngine:
             self.device = torch.device("cuda", 0 if index is None else index)
             torch.cuda.set_device(self.device)
             self.device_kind = torch.cuda.get_device_name(self.device)
+            # model.gpu_memory_fraction: the share JAX preallocates (XLA_PYTHON_CLIENT_MEM_FRACTION), the same here
+            torch.cuda.set_per_process_memory_fraction(cfg.model.gpu_memory_fraction, self.device)
+            self.settings["gpu_memory_fraction"] = cfg.model.gpu_memory_fraction
         else:
             self.device = torch.device("cpu")
             self.device_kind = "cpu"
+            self.settings["gpu_memory_fraction"] = None  # no GPU: nothing to limit
+        self.settings["mfu_peak"] = engine.mfu_peak_basis(self.device.type == "cpu", self.device_kind,
+                                                          precision_of(cfg.model))
         self.mesh = parallel.build_mesh(cfg, self.device.type)
-        self.document_mask_impl = resolve_document_mask_impl(cfg.torch.document_mask_impl, self.device.type)
+        self.attention = resolve_attention(cfg, self.device)
+        use_attention_kernel(self.attention.name)
+        if self.attention.name != "flex":  # an SDPA kernel takes the document mask (refuses flex on CPU)
+            resolve_document_mask_impl(cfg.torch.document_mask_impl, self.device.type)
+        self.document_mask_impl = "flex" if self.attention.name == "flex" else "sdpa"
         self.settings.update({"attention": cfg.model.attention, "norm_impl": cfg.model.norm_impl,
+                              "attention_impl": cfg.model.attention_impl, **self.attention.settings(),
                               "document_mask_impl": self.document_mask_impl if cfg.model.attention == "document" else None})
         m = cfg.model
         with torch.device("meta"):
@@ -193,7 +205,7 @@ class TorchEngine:
     def peak_flops_per_device(self) -> float:
         from launch.core.flops import datasheet_peak
         if self.device.type == "cuda":
-            return datasheet_peak(self.device_kind) or 0.0
+            return datasheet_peak(self.device_kind, precision_of(self.cfg.model)) or 0.0
         with _all_host_cores():
             return engine.cpu_peak_per_device(self.cfg.devices, self.rank, self.world, matmul=_cpu_matmul,
                                               barrier=dist.barrier, broadcast=_broadcast_from_rank0)
@@ -211,6 +223,18 @@ class TorchEngine:
     def peak_memory_bytes(self) -> int:
         cuda = self.device.type == "cuda"
         return engine.peak_memory_bytes(int(torch.cuda.max_memory_allocated(self.device)) if cuda else None)
+
+
+def resolve_attention(cfg: Config, device: torch.device) -> attention.Kernel:
+    """`model.attention_impl` for this device: the first candidate (`launch.core.attention`) that runs
+    for the cell's attention shapes here (`probe_attention`). Raises AttentionUnavailable for `fused`
+    where none does."""
+    m = cfg.model
+    options = attention.candidates("torch", device.type, m.dtype, m.attention, m.attention_impl,
+                                   cfg.torch.document_mask_impl)
+    documents = m.attention == "document"
+    return attention.choose(options, lambda k: probe_attention(k.name, m, device, documents),
+                            m.attention_impl, device.type, m.dtype, m.attention)
 
 
 def resolve_document_mask_impl(choice: str, device_type: str) -> str:

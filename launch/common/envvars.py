@@ -22,6 +22,10 @@ LOG_LEVEL = "SCALEOUT_LOG_LEVEL"
 # Prefix of the paths the TPU chip-freeing command touches (/dev/accel*, /tmp/libtpu_lockfile): empty on a
 # real TPU VM; the gcloud emulation points it at each worker's sandbox.
 TPU_SYSROOT = "SCALEOUT_TPU_SYSROOT"
+# The share of each GPU JAX preallocates; the JAX trainer sets it from model.gpu_memory_fraction.
+XLA_MEM_FRACTION = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+# Where `jaxrun.aot` keeps its results (plan.cache_dir); empty: no cache.
+COMPILE_CACHE = "SCALEOUT_COMPILE_CACHE"
 # The launcher's PID: a trainer whose launcher is gone stops (no orphans).
 PARENT_PID = "SCALEOUT_PARENT_PID"
 

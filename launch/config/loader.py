@@ -56,7 +56,7 @@ CHOICES: Dict[str, Tuple[str, ...]] = {
 FREE_MAPPINGS = tuple(k for k, (_, tp) in _LEAVES.items() if typing.get_origin(tp) is dict)
 # Keys that do not change the math of a run: a checkpoint may be resumed across them.
 NOT_MATH = ("train.stop_after", "train.log_every", "train.warmup_exclude", "train.eval_every", "train.eval_batches",
-            "train.eval_batch_size")
+            "train.eval_batch_size", "model.attention_impl", "model.gpu_memory_fraction")
 # One path component of safe characters (run.name, run.id); checked with re.fullmatch.
 SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
@@ -438,6 +438,9 @@ def validate(cfg: Config) -> None:
     if m.init not in ("numpy", "native") and not m.init.startswith("hf:"):
         raise ConfigError(f"model.init={m.init!r} is not valid; choose one of: numpy, native, hf:DIR "
                           "(a Hugging Face Llama directory, e.g. one written by `scaleout export`).")
+    if m.attention_impl == "dense" and m.attention == "document" and cfg.torch.document_mask_impl == "flex":
+        raise ConfigError("model.attention_impl=dense with torch.document_mask_impl=flex is not valid: flex_attention is "
+                          "a fused kernel; use torch.document_mask_impl=sdpa (or auto) with dense, or attention_impl=auto.")
     data, fsdp, tensor = resolve_parallel(cfg.devices, cfg.parallel.data, cfg.parallel.fsdp, cfg.parallel.tensor)
     if cfg.framework == "torch" and tensor > 1:
         raise ConfigError(f"parallel.tensor={tensor} is not supported with framework=torch: tensor parallelism is JAX-only; use parallel.fsdp or parallel.data.")

@@ -84,6 +84,17 @@ class ModelConfig:
                                  "or run along the row (global)", choices=("reset", "global"))
     norm_impl: str = setting("native", "RMSNorm: native (framework autodiff) or custom (hand-written backward: "
                              "jax.custom_vjp / a torch.library op with register_autograd)", choices=("native", "custom"))
+    attention_impl: str = setting(
+        "auto", "attention kernel: auto takes each framework's fused kernel where it has one for the device, dtype and "
+        "mask (JAX: cuDNN flash attention on GPU in bf16; PyTorch: SDPA flash / memory-efficient, flex_attention for "
+        "document masks on GPU), else the plain math; fused refuses a cell where a framework has none; dense runs the "
+        "plain math in both (XLA's path, SDPA's math backend). What ran is in start.settings.attention_kernel",
+        choices=("auto", "fused", "dense"))
+    gpu_memory_fraction: float = setting(
+        0.9, "share of each GPU's memory a trainer may use, the same in both frameworks (JAX: "
+        "XLA_PYTHON_CLIENT_MEM_FRACTION, whose own default is 0.75; PyTorch: set_per_process_memory_fraction); "
+        "the rest is left to the CUDA context, cuBLAS/cuDNN workspaces and NCCL. The GPU fit check's limit",
+        gt=0, le=1)
 
 
 @dataclass
@@ -268,11 +279,15 @@ class PlanConfig:
 
     check_fit: bool = setting(False, "run/sweep: estimate every cell's per-device memory first (as plan --compile does) "
                               "and refuse, before anything is written, cells that exceed the device memory")
-    device: Optional[str] = setting(None, "accelerator whose datasheet memory is the limit where the target does not "
-                                    "name one (slurm GPUs), e.g. h100, h200, a100-80gb; null: the TPU generation's "
-                                    "chip, or host memory / devices on CPU")
+    device: Optional[str] = setting(None, "accelerator whose memory is the limit where the target does not name one "
+                                    "(slurm GPUs), e.g. h100, h200, a100-80gb, b200: for these JAX cells compile for "
+                                    "that GPU (the gpu-aot extra) and the limit is model.gpu_memory_fraction of its "
+                                    "memory; null: the TPU generation's chip, or host memory / devices on CPU")
     device_memory_gib: Optional[float] = setting(None, "per-device memory limit in GiB for the fit check; overrides "
                                                  "the datasheet or host figure", gt=0)
+    cache_dir: Optional[str] = setting("~/.cache/scaleout/compile", "where plan --compile keeps its JAX results, keyed "
+                                       "by the lowered program, the devices, the compiler versions and flags: the same "
+                                       "cell is not compiled twice; null disables")
 
 
 @dataclass

@@ -453,6 +453,14 @@ def cpu_peak_per_device(devices: int, process_index: int, process_count: int,
     return float(broadcast(peak)) / devices
 
 
+def mfu_peak_basis(on_cpu: bool, device_kind: str, precision: str) -> str:
+    """What the cell's MFU is measured against (start record's settings.mfu_peak, named in the report)."""
+    if on_cpu:
+        return "the host's fp32 matmul, calibrated in this run"
+    from launch.core import flops
+    return flops.peak_basis(device_kind, precision)
+
+
 def peak_memory_bytes(device_peak: Optional[int]) -> int:
     """The accelerator's own peak when its runtime reports one, else this process's peak RSS (CPU)."""
     if device_peak is not None:

@@ -21,32 +21,36 @@ denominator.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from launch.config.schema import ModelConfig
 from launch.core.params import count_params
 
-# Dense bf16 peak per device (FLOP/s) from vendor datasheets, matched against the device kind
-# string that jax / torch report. fp32 runs are still measured against this number (it is the
-# hardware's peak); CPU runs use a matmul calibrated in the same run instead.
+# Dense peak per device (FLOP/s) from vendor datasheets for each matmul precision a cell can run
+# (`precision_of`): bf16 (tensor cores / MXU), tf32 (tensor cores; fp32 inputs with
+# model.matmul_precision=tf32) and fp32 (fp32 arithmetic, model.matmul_precision=highest). NVIDIA
+# quotes tensor-core figures "with sparsity": the dense figure is half of it. Matched against the
+# device kind string that jax / torch report. TPU datasheets give bf16 only: an fp32 cell on a TPU
+# is measured against it, and the report says so. CPU runs use a matmul calibrated in the same run.
+PRECISIONS = ("bf16", "tf32", "fp32")
 PEAK_FLOPS = {
-    "gb200": 2500e12,  # the Blackwell GPU of a GB200 superchip
-    "b200": 2250e12,  # HGX B200
-    "h200 nvl": 835e12,
-    "h200": 989e12,  # SXM
-    "h100 nvl": 835e12,
-    "h100 pcie": 756e12,
-    "h100": 989e12,  # SXM ("NVIDIA H100 80GB HBM3"); longer keys above win (most specific first)
-    "a100": 312e12,
-    "l4": 121e12,
-    "a10g": 125e12,
-    "tpu v4": 275e12,
-    "tpu v5 lite": 197e12,
-    "tpu v5e": 197e12,
-    "tpu v5p": 459e12,
-    "tpu v5": 459e12,
-    "tpu v6 lite": 918e12,
-    "tpu v6e": 918e12,
+    "gb200": {"bf16": 2500e12, "tf32": 1250e12, "fp32": 80e12},  # the Blackwell GPU of a GB200 superchip
+    "b200": {"bf16": 2250e12, "tf32": 1125e12, "fp32": 75e12},  # HGX B200
+    "h200 nvl": {"bf16": 835e12, "tf32": 418e12, "fp32": 60e12},
+    "h200": {"bf16": 989e12, "tf32": 495e12, "fp32": 67e12},  # SXM
+    "h100 nvl": {"bf16": 835e12, "tf32": 418e12, "fp32": 60e12},
+    "h100 pcie": {"bf16": 756e12, "tf32": 378e12, "fp32": 51e12},
+    "h100": {"bf16": 989e12, "tf32": 495e12, "fp32": 67e12},  # SXM ("NVIDIA H100 80GB HBM3"); longer keys win
+    "a100": {"bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+    "l4": {"bf16": 121e12, "tf32": 60e12, "fp32": 30.3e12},
+    "a10g": {"bf16": 125e12, "tf32": 62.5e12, "fp32": 31.2e12},
+    "tpu v4": {"bf16": 275e12},
+    "tpu v5 lite": {"bf16": 197e12},
+    "tpu v5e": {"bf16": 197e12},
+    "tpu v5p": {"bf16": 459e12},
+    "tpu v5": {"bf16": 459e12},
+    "tpu v6 lite": {"bf16": 918e12},
+    "tpu v6e": {"bf16": 918e12},
 }
 
 
@@ -91,9 +95,36 @@ def _datasheet(table: Dict[str, Any], device_kind: str) -> Optional[Any]:
     return None
 
 
-def datasheet_peak(device_kind: str) -> Optional[float]:
-    """Dense bf16 peak FLOP/s of one device for a device kind string, or None when unknown."""
-    return _datasheet(PEAK_FLOPS, device_kind)
+def precision_of(m: ModelConfig) -> str:
+    """The matmul precision a cell runs: bf16 compute, else fp32 inputs as TF32 or as full fp32."""
+    if m.dtype == "bf16":
+        return "bf16"
+    return "tf32" if m.matmul_precision == "tf32" else "fp32"
+
+
+def peak_for(device_kind: str, precision: str = "bf16") -> Tuple[Optional[float], Optional[str]]:
+    """(dense peak FLOP/s of one device at `precision`, the precision of the figure used): a TPU,
+    whose datasheet has bf16 only, gives its bf16 peak for every precision; (None, None) when unknown."""
+    row = _datasheet(PEAK_FLOPS, device_kind)
+    if row is None:
+        return None, None
+    if precision in row:
+        return row[precision], precision
+    return row["bf16"], "bf16"
+
+
+def datasheet_peak(device_kind: str, precision: str = "bf16") -> Optional[float]:
+    """Dense peak FLOP/s of one device at `precision` for a device kind string, or None when unknown."""
+    return peak_for(device_kind, precision)[0]
+
+
+def peak_basis(device_kind: str, precision: str) -> str:
+    """What an MFU figure is measured against, in words (recorded and shown in the report)."""
+    peak, used = peak_for(device_kind, precision)
+    if peak is None:
+        return f"no datasheet peak for {device_kind}"
+    note = "" if used == precision else f" (the datasheet gives no {precision} figure; the cell ran {precision})"
+    return f"datasheet dense {used} peak of {device_kind}, {peak / 1e12:g} TFLOP/s{note}"
 
 
 def mfu(tokens_per_s_per_device: float, m: ModelConfig, peak_flops_per_device: float) -> float:

@@ -27,9 +27,10 @@ can be called before a framework is imported and tested with plain dicts.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
-from typing import List, Mapping, Optional
+from typing import Dict, List, Mapping, Optional
 
 from launch.common import envvars
 
@@ -49,10 +50,21 @@ LOCAL_RANK_VARIABLES = {
 }
 DEFAULT_LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "SLURM_LOCALID")
 GPU_PLATFORMS = {"gpu", "cuda", "rocm"}
+# The pinned versions (constraints.txt) the install hints name: jax's CUDA plugin must match jaxlib exactly.
+JAX_VERSION, TORCH_VERSION = "0.10.2", "2.13.0"
+CU126_INDEX = "https://download.pytorch.org/whl/cu126"
+# Exact commands for a framework build with GPU support, per CUDA major version: 13 is the `gpu` extra
+# (PyPI's torch 2.13.0 for Linux x86_64 is itself a CUDA 13.0 build), 12 the documented alternative.
 INSTALL_HINT = {
-    "jax": "pip install 'jax[cuda12]'",
-    "torch": "pip install torch --index-url https://download.pytorch.org/whl/cu126",
+    ("jax", 13): f"pip install 'jax[cuda13]=={JAX_VERSION}'",
+    ("jax", 12): f"pip install 'jax[cuda12]=={JAX_VERSION}'",
+    ("torch", 13): f"pip install 'torch=={TORCH_VERSION}'",
+    ("torch", 12): f"pip install 'torch=={TORCH_VERSION}' --index-url {CU126_INDEX}",
 }
+# The oldest NVIDIA Linux driver each CUDA major version runs on (minor-version compatibility: CUDA 13.x
+# needs >= 580, CUDA 12.x >= 525.60.13; NVIDIA's CUDA toolkit release notes).
+MIN_DRIVER = {13: (580, 0, 0), 12: (525, 60, 13)}
+DRIVER_QUERY = ["--query-gpu=driver_version", "--format=csv,noheader"]
 
 
 class GpuBindingError(RuntimeError):
@@ -94,6 +106,85 @@ def nvidia_smi_gpus(env: Mapping[str, str], timeout_s: float = 15.0) -> List[str
     if p.returncode:
         return []
     return [line.strip() for line in p.stdout.splitlines() if line.strip().startswith("GPU ")]
+
+
+def driver_version(env: Mapping[str, str], timeout_s: float = 15.0) -> Optional[str]:
+    """The NVIDIA driver version `nvidia-smi --query-gpu=driver_version --format=csv,noheader` reports
+    (one line per GPU, the same on each: e.g. `580.95.05`); None where nvidia-smi is absent or fails."""
+    exe = shutil.which("nvidia-smi", path=env.get("PATH", os.defpath))
+    if exe is None:
+        return None
+    try:
+        p = subprocess.run([exe, *DRIVER_QUERY], capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = [line.strip() for line in p.stdout.splitlines() if line.strip()]
+    return lines[0] if p.returncode == 0 and lines else None
+
+
+def _version_tuple(text: str) -> tuple:
+    return tuple(int(x) if x.isdigit() else 0 for x in text.split("."))
+
+
+def installed_cuda() -> Dict[str, int]:
+    """The CUDA major version of each installed framework build with GPU support, from the installed
+    distributions' metadata (nothing is imported): jax from its CUDA plugin (`jax-cuda13-plugin` /
+    `jax-cuda12-plugin`), torch from its local version (`+cu126`) or, for PyPI's plain wheel, the
+    `-cu13`/`cuda-toolkit` requirements it carries. A CPU-only build is absent from the result."""
+    from importlib import metadata
+    out: Dict[str, int] = {}
+    for major in (13, 12):
+        try:
+            metadata.version(f"jax-cuda{major}-plugin")
+        except metadata.PackageNotFoundError:
+            continue
+        out["jax"] = major
+        break
+    try:
+        major = cuda_major_of_torch(metadata.version("torch"), metadata.requires("torch") or [])
+    except metadata.PackageNotFoundError:
+        return out
+    if major is not None:
+        out["torch"] = major
+    return out
+
+
+def cuda_major_of_torch(version: str, requires: List[str]) -> Optional[int]:
+    """The CUDA major version of a torch build from its version (`2.13.0+cu126`) and requirements (PyPI's plain
+    `2.13.0` requires `cuda-toolkit[...]==13.0.3` and `nvidia-*-cu13`); None for a CPU build (`+cpu`)."""
+    local = re.search(r"\+cu(\d\d)", version)
+    if local:
+        return int(local.group(1))
+    if "+" in version:
+        return None
+    found = re.search(r"-cu(\d\d)\b|cuda-toolkit[^,;]*==\s*(\d+)\.", " ".join(requires))
+    return int(found.group(1) or found.group(2)) if found else None
+
+
+def driver_problem(env: Mapping[str, str], builds: Optional[Mapping[str, int]] = None) -> Optional[str]:
+    """One sentence when the NVIDIA driver here (nvidia-smi) is too old for an installed CUDA build
+    (`installed_cuda()` unless `builds` is given), naming the frameworks and the driver they need;
+    None when there is no nvidia-smi, no CUDA build, or the driver is new enough."""
+    version = driver_version(env)
+    if version is None:
+        return None
+    builds = installed_cuda() if builds is None else builds
+    short = sorted((fw, major) for fw, major in builds.items() if _version_tuple(version) < MIN_DRIVER[major])
+    if not short:
+        return None
+    names = " and ".join(f"{'JAX' if fw == 'jax' else 'PyTorch'} (CUDA {major})" for fw, major in short)
+    need = max(MIN_DRIVER[major] for _, major in short)
+    alt = ("; with a driver >= 525.60.13 the CUDA 12 builds work: "
+           + " and ".join(f"`{INSTALL_HINT[(fw, 12)]}`" for fw, _ in short) if any(m == 13 for _, m in short) else "")
+    return (f"the NVIDIA driver here is {version} but the installed {names} needs a driver >= "
+            f"{'.'.join(map(str, need)).removesuffix('.0.0')}: update the driver{alt}.")
+
+
+def check_driver(env: Mapping[str, str]) -> None:
+    """At trainer start, before the framework starts CUDA: stop with one sentence when the driver is too old."""
+    problem = driver_problem(env)
+    if problem:
+        raise RuntimeError(problem[0].upper() + problem[1:])
 
 
 def gpu_count(env: Mapping[str, str], device_count: Optional[int] = None) -> int:
@@ -180,6 +271,17 @@ def physical_gpu(env: Mapping[str, str], device_count: Optional[int] = None) -> 
     return visible[index] if index < len(visible) else str(index)
 
 
+def first_gpus(env: Mapping[str, str], count: int) -> Optional[str]:
+    """CUDA_VISIBLE_DEVICES for processes that must use only the first `count` GPUs this environment
+    sees (a local cell of `count` devices on a bigger host: JAX would otherwise open, and preallocate
+    memory on, every GPU it sees); None when it sees none, or no more than `count`."""
+    name = restricting_variable(env)
+    seen = visible_gpus(env) if name else [str(i) for i in range(len(nvidia_smi_gpus(env)))]
+    if len(seen) <= count:
+        return None
+    return ",".join(seen[:count])
+
+
 def gpus_expected(env: Mapping[str, str]) -> bool:
     """Whether the process should be running on GPUs: its restriction lists some
     (CUDA_VISIBLE_DEVICES / SLURM_STEP_GPUS), or, with no restriction set, `nvidia-smi -L` lists some.
@@ -203,11 +305,14 @@ def check_platform(framework: str, platform: str, env: Mapping[str, str]) -> Non
     if platform.lower() != "cpu" or not gpus_expected(env):
         return
     name = "JAX" if framework == "jax" else "PyTorch" if framework == "torch" else framework
-    hint = INSTALL_HINT.get(framework, f"a {framework} build with GPU support")
+    version = driver_version(env)
+    major = 12 if version is not None and _version_tuple(version) < MIN_DRIVER[13] else 13
+    hint = INSTALL_HINT.get((framework, major), f"a {framework} build with GPU support")
+    why = f"driver {version}: CUDA {major}" if version else f"CUDA {major}, driver >= 580"
     raise RuntimeError(
         f"The {framework} trainer sees GPUs ({_describe(env)}) but {name} runs on the CPU platform: install its GPU "
-        f"build (`{hint}`; if one is installed, its warnings above say why it did not start) or hide the GPUs with "
-        "CUDA_VISIBLE_DEVICES= to run on the CPU on purpose.")
+        f"build (`{hint}`, {why}; if one is installed, its warnings above say why it did not start) or hide the GPUs "
+        "with CUDA_VISIBLE_DEVICES= to run on the CPU on purpose.")
 
 
 def describe_selection(env: Mapping[str, str], device_count: Optional[int] = None) -> dict:
@@ -225,6 +330,6 @@ def describe_selection(env: Mapping[str, str], device_count: Optional[int] = Non
 
 __all__ = [
     "GpuBindingError", "visible_gpus", "restricting_variable", "nvidia_smi_gpus", "gpu_count", "local_rank",
-    "local_gpu_index", "jax_local_device_ids", "physical_gpu", "gpus_expected", "check_platform",
-    "describe_selection",
+    "local_gpu_index", "jax_local_device_ids", "physical_gpu", "first_gpus", "gpus_expected", "check_platform",
+    "describe_selection", "driver_version", "installed_cuda", "driver_problem", "check_driver", "INSTALL_HINT",
 ]

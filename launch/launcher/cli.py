@@ -19,6 +19,7 @@ from launch.common import envvars, log as log_setup
 from launch.config import ConfigError
 from launch.targets.errors import SubmitError
 
+log = logging.getLogger(__name__)
 EXIT_USAGE = 2
 
 
@@ -36,8 +37,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.check and not args.compile:
         raise UserError("--check goes with --compile: `scaleout plan --compile --check KEY=VALUE...` exits 1 when the cell does not fit.")
     cfg = _config(args)
-    from launch.launcher import inputs, rundir
+    from launch.launcher import gpu_preflight, inputs, rundir
     inputs.check_cell(rundir.RunDir(cfg).cell(cfg.framework, cfg.devices).cfg)  # checkpoint.load_from, as run checks it
+    gpu_preflight.check_attention(cfg)
+    for warning in gpu_preflight.warnings(cfg):
+        log.warning(warning)
     if args.compile:
         return _plan_compile(cfg, args)
     p = plan.describe(cfg)

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from launch.common import files
 from launch.config import ConfigError
 from launch.config.schema import Config
-from launch.launcher import inputs, rundir
+from launch.launcher import gpu_preflight, inputs, rundir
 from launch.launcher.rundir import RunDir
 from launch.launcher.lock import CellLocks
 from launch.targets import Cell, Outcome, get as get_target
@@ -76,12 +76,16 @@ def check(cfg: Config, run: RunDir, cells: Sequence[Cell]) -> Dict[str, Dict[str
     estimates per cell name (empty without `plan.check_fit`)."""
     run.check_identity()
     target = get_target(cfg.target)
+    platform = gpu_preflight.platform_of(cfg)
     for c in cells:
         try:
             inputs.check_cell(c.cfg)
             target.validate(c.cfg)
+            gpu_preflight.check_attention(c.cfg, platform)
         except ConfigError as e:
             raise ConfigError(f"cell {c.name}: {e}" if len(cells) > 1 else str(e)) from None
+    for warning in dict.fromkeys(w for c in cells for w in gpu_preflight.warnings(c.cfg)):
+        log.warning(warning)
     run.check(cells)
     for c in cells:
         target.preflight(c.cfg)

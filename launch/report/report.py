@@ -28,6 +28,7 @@ from omegaconf import OmegaConf
 
 from launch.common import files
 from launch.common.files import CONFIG_NAME, LOGS_DIR, METRICS_NAME, SWEEP_FILE
+from launch.core import attention
 from launch.report import breakdown as report_profile
 
 ROW_FIELDS = ["cell", "framework", "devices", "processes", "global_batch", "tokens_per_s", "tokens_per_s_per_device",
@@ -125,6 +126,16 @@ def variant(row: Dict[str, Any]) -> str:
     return parts[2] if len(parts) == 3 else ""
 
 
+def kernel_note(a: Dict[str, Any], b: Dict[str, Any], a_name: str = "", b_name: str = "") -> Dict[str, Any]:
+    """Which attention kernels two compared cells ran (their start records' settings, `launch.core.attention`)
+    and whether they are of different classes (fused vs dense): then their ratio is partly the kernel."""
+    sa, sb = (a.get("_start") or {}).get("settings"), (b.get("_start") or {}).get("settings")
+    ka, kb = attention.from_settings(sa), attention.from_settings(sb)
+    return {"kernels": {a_name or a["framework"]: ka.label if ka else None, b_name or b["framework"]: kb.label if kb else None},
+            "different_classes": bool(ka and kb and ka.kind != kb.kind),
+            "note": attention.pair_note(a_name or a["framework"], sa, b_name or b["framework"], sb)}
+
+
 def derive(rows: List[Dict[str, Any]], scaling: str, horizon: int) -> Dict[str, Any]:
     """Scaling efficiency, JAX/PyTorch ratio, compile break-even and loss gap per device count. With
     sweep.extra a framework has several cells per device count: these figures compare the cells of the
@@ -133,7 +144,7 @@ def derive(rows: List[Dict[str, Any]], scaling: str, horizon: int) -> Dict[str, 
     rows = [r for r in rows if variant(r) == base_variant]
     ok = [r for r in rows if r["status"] == "ok" and r["tokens_per_s"]]
     out: Dict[str, Any] = {"scaling": scaling, "horizon_steps": horizon, "variant": base_variant or None,
-                           "efficiency": {}, "jax_over_torch": {}, "break_even": {}, "loss_gap": {}}
+                           "efficiency": {}, "jax_over_torch": {}, "break_even": {}, "loss_gap": {}, "attention": {}}
     for fw in sorted({r["framework"] for r in ok}):
         mine = sorted((r for r in ok if r["framework"] == fw), key=lambda r: r["devices"])
         base = mine[0]
@@ -151,6 +162,7 @@ def derive(rows: List[Dict[str, Any]], scaling: str, horizon: int) -> Dict[str, 
         if "jax" in fws and "torch" in fws:
             j, t = fws["jax"], fws["torch"]
             out["jax_over_torch"][d] = j["tokens_per_s"] / t["tokens_per_s"]
+            out["attention"][d] = kernel_note(j, t)
             js, ts = j.get("step_time_mean_s") or j["step_time_p50_s"], t.get("step_time_mean_s") or t["step_time_p50_s"]
             be = break_even(j["time_to_first_step_s"], js, t["time_to_first_step_s"], ts)
             slower = "jax" if be["slower_start"] == "a" else "torch"
@@ -213,7 +225,9 @@ def hardware(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     cores = sorted({s.get("host_cores") for s in starts if s.get("host_cores")})
     hosts = sorted({s.get("host") for s in starts if s.get("host")})
     simulated = any(k == "cpu" for k in kinds) and any(r["devices"] > 1 for r in rows)
+    peaks = sorted({(s.get("settings") or {}).get("mfu_peak") for s in starts} - {None})
     hw = {"device_kinds": kinds, "max_devices": max((r["devices"] for r in rows), default=0), "host_cores": cores,
+          "mfu_peaks": peaks,
           "hosts": hosts, "simulated_devices_share_host": simulated,
           "versions": starts[-1].get("versions") if starts else {}}
     if simulated:
@@ -273,6 +287,8 @@ def _markdown(doc: Dict[str, Any], rows: List[Dict[str, Any]]) -> str:
          f"Scaling: {d['scaling']} ({'per-device batch fixed' if d['scaling'] == 'weak' else 'global batch fixed'})", ""]
     if hw.get("warning"):
         L += [f"> **Warning:** {hw['warning']}.", ""]
+    if hw.get("mfu_peaks"):
+        L += ["MFU is measured against: " + "; ".join(hw["mfu_peaks"]) + ".", ""]
     L += ["## Cells", "",
           "| cell | fw | dev | proc | batch | tokens/s | tokens/s/dev | MFU | step p50 | step p90 | compile | first step | peak mem | final loss | status |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -314,6 +330,9 @@ def _markdown(doc: Dict[str, Any], rows: List[Dict[str, Any]]) -> str:
                  f"{be['startup_s'][be['slower_start']] - be['startup_s'][other]:.1f} s later and {catch}. "
                  f"A {d['horizon_steps']:,}-step run: jax {be['wall_time_s']['jax'] / 60:.1f} min, "
                  f"torch {be['wall_time_s']['torch'] / 60:.1f} min.")
+        note = (d.get("attention") or {}).get(n, {}).get("note")
+        if note:
+            L.append(f"  - {note[0].upper() + note[1:]}.")
     L += ["", "## Loss curves", ""]
     if not d["loss_gap"]:
         L.append("No device count has loss curves of both frameworks.")

@@ -2,8 +2,10 @@
 
 JAX runs in one process with `--xla_force_host_platform_device_count=N` (simulated CPU devices; on
 a GPU host the real GPUs are used) or in `local.processes` processes joined by
-`jax.distributed` with gloo CPU collectives, which is how a multi-host slice looks. PyTorch runs
-under `torchrun --standalone --nproc_per_node=N`. Building the request is separate from running
+`jax.distributed` with gloo CPU collectives, which is how a multi-host slice looks (on a GPU host
+each process drives its own share of the GPUs: `jaxrun.__main__.distributed_args`). PyTorch runs
+under `torchrun --standalone --nproc_per_node=N`. On a host with more GPUs than the cell's N, the
+cell's processes see only the first N (`CUDA_VISIBLE_DEVICES`). Building the request is separate from running
 it; the request prints as the exact commands.
 """
 
@@ -49,8 +51,12 @@ def free_port() -> int:
 
 def build(cfg: Config, cell_dir: Path, port: Optional[int] = None) -> LocalRequest:
     from launch.core.engine import threads_per_process
+    from launch.core import gpus
     config_path = str(cell_dir / files.CONFIG_NAME)
     base_env = {"PYTHONUNBUFFERED": "1", envvars.DISTRIBUTED: "local"}
+    bound = gpus.first_gpus(os.environ, cfg.devices)  # a cell of N devices on a host with more GPUs: the first N
+    if bound is not None:
+        base_env["CUDA_VISIBLE_DEVICES"] = bound
     if cfg.framework == "torch":
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.devices}",
                 "-m", TRAINER_MODULES["torch"], "--config", config_path]
