@@ -4,19 +4,33 @@
 
 For target=tpu the devices come from libtpu's topology description of the cell's slice (e.g.
 `v5e:4x8`, 8 hosts of 2x2 chips), so XLA:TPU compiles the program every host of that slice would
-run; otherwise they are simulated CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count,
-set by the caller). The program is `jaxrun.train.TrainStep`: the function, shardings and donation
-`JaxEngine` compiles before its first step. Per device it reports XLA's `memory_analysis()` and
-`cost_analysis()` next to `launch.core.flops`.
+run. For NVIDIA GPUs (`plan.device`, e.g. h100) they come from XLA:GPU's deviceless topology
+(`get_topology_desc(platform="cuda", target_config=<GpuTargetConfigProto text>,
+topology="1x<hosts>x<gpus per host>")`, needs a jax CUDA plugin and ptxas: the `gpu-aot` extra).
+Otherwise they are simulated CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count, set by
+the caller). The program is `jaxrun.train.TrainStep`: the function, shardings and donation
+`JaxEngine` compiles before its first step, with the attention kernel the trainer would run there
+(`launch.core.attention`). Per device it reports XLA's `memory_analysis()` and `cost_analysis()`
+next to `launch.core.flops`.
 
 A program that does not fit is refused by XLA:TPU at compile time ("Ran out of memory in memory
 space hbm. Used X of Y hbm"): that is reported as an estimate of X that does not fit, not an error.
+XLA:GPU compiles it anyway (its rematerialisation only warns); the caller compares the total.
+
+Results are kept in a cache (`plan.cache_dir`, handed over in SCALEOUT_COMPILE_CACHE) keyed by the
+lowered program's text, the devices it is compiled for, the jax/jaxlib/plugin versions, the XLA
+flags and this file: a repeated `plan --compile` of the same cell is answered without compiling.
+JAX's persistent compilation cache cannot do it: it stores the executable of a compile-only client
+but cannot load it back ("PjRtCompiler must be constructed with a Client to call
+DeserializeLoadedExecutable", jaxlib 0.10.2).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import re
 import sys
 import time
@@ -30,9 +44,9 @@ from jax.sharding import Mesh
 from jaxrun import mesh as mesh_mod
 from jaxrun.train import MATMUL_PRECISION, TrainStep
 from launch import config as config_mod
-from launch.common import files
+from launch.common import envvars, files
 from launch.config.schema import Config
-from launch.core import flops, sharding
+from launch.core import attention, flops, sharding
 
 log = logging.getLogger(__name__)
 # XLA:TPU's refusals: "Ran out of memory on HBM, the total memory required for HLO temporaries (60.04G)
@@ -55,6 +69,18 @@ def topology_devices(t: Dict[str, Any]) -> tuple:
     where = (f"TPU {t['accelerator_type']} (topology {t['name']}: {hosts} host(s) x {t['chips_per_host']} chips, "
              f"compiled here through libtpu)")
     return devices, where, {**t, "hosts_seen": hosts}
+
+
+def gpu_devices(t: Dict[str, Any]) -> tuple:
+    """(devices, description, topology) of `t["hosts"]` hosts of `t["gpus_per_host"]` NVIDIA GPUs described by
+    `t["target_config"]` (`launch.core.gpu_targets`), from XLA:GPU without any GPU attached."""
+    from jax.experimental import topologies
+    topo = topologies.get_topology_desc(platform="cuda", target_config=t["target_config"], topology=t["topology"])
+    devices = list(topo.devices)
+    hosts = len({d.process_index for d in devices})
+    where = (f"{len(devices)} x {t['name']} ({hosts} host(s) x {t['gpus_per_host']} GPUs, compiled here for XLA:GPU "
+             "without a GPU)")
+    return devices, where, {k: v for k, v in t.items() if k != "target_config"} | {"hosts_seen": hosts}
 
 
 def make_mesh(cfg: Config, devices: List[Any]) -> Mesh:
@@ -87,10 +113,67 @@ def argument_bytes(program: TrainStep, cfg: Config) -> int:
     return total + 2 * int(np.prod(batch)) * 4 + 4  # inputs, targets (int32), lr
 
 
+GPU_LEAVES_OUT = ("a deviceless XLA:GPU compile: no autotuning (GEMMs are default-tiled Triton fusions), no cuDNN "
+                  "workspace, no NCCL buffers, no CUDA context or allocator overhead; model.gpu_memory_fraction leaves "
+                  "the rest of the GPU for them")
+
+
+def lower_step(cfg: Config, mesh: Mesh, platform: str) -> tuple:
+    """(program, lowered, kernel compiled, notes): the train step with the attention kernel the trainer would
+    run on `platform`; a fused kernel that cannot be lowered here (cuDNN's needs cuDNN installed even without
+    a GPU) falls back to the dense one, said in a note."""
+    m = cfg.model
+    notes = []
+    options = attention.candidates("jax", platform, m.dtype, m.attention, m.attention_impl)
+    dense = next((k for k in options if k.kind == attention.DENSE), None) or attention.Kernel("jax", "xla", attention.DENSE)
+    for k in options + ([] if dense in options else [dense]):
+        program = TrainStep(cfg, mesh, k.name)
+        try:
+            return program, program.lower(), k, notes
+        except Exception as e:
+            if k.kind == attention.DENSE:
+                raise
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            notes.append(f"attention compiled with XLA's dense path, not {k.name} ({k.kind}), which the trainer runs "
+                         f"on the GPU: it could not be lowered here ({why}); installing nvidia-cudnn-cu12 (~700 MB) "
+                         "compiles the fused kernel, which needs less memory than the dense one")
+    raise AssertionError("unreachable")
+
+
+def cache_key(cfg: Config, lowered, topology: Dict[str, Any] | None) -> str:
+    """Everything that determines the compiled program and what this module reports of it."""
+    import importlib.metadata as md
+    versions = {}
+    for dist in ("jax", "jaxlib", "libtpu", "jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin",
+                 "jax-cuda13-pjrt", "nvidia-cuda-nvcc-cu12", "nvidia-cudnn-cu12"):
+        try:
+            versions[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            pass
+    h = hashlib.sha256()
+    for part in (lowered.as_text(), json.dumps(topology, sort_keys=True, default=str), json.dumps(versions, sort_keys=True),
+                 os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", ""), Path(__file__).read_text(),
+                 json.dumps({"devices": cfg.devices, "target": cfg.target, "batch": cfg.train.global_batch,
+                             "seq_len": cfg.model.seq_len, "grad_accum": cfg.train.grad_accum,
+                             "scan_layers": cfg.model.scan_layers, "n_layers": cfg.model.n_layers,
+                             "remat": cfg.model.remat, "mesh": config_mod.mesh_shape(cfg)}, sort_keys=True)):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _cache_dir() -> Path | None:
+    value = os.environ.get(envvars.COMPILE_CACHE, "")
+    return Path(value) if value else None
+
+
 def compile_cell(cfg: Config, topology: Dict[str, Any] | None = None) -> Dict[str, Any]:
-    """Compile the cell's train step for `topology` (a TPU slice) if given, else for simulated CPU devices."""
+    """Compile the cell's train step for `topology` (a TPU slice, or NVIDIA GPUs with `"platform": "cuda"`) if
+    given, else for simulated CPU devices; answered from the compile cache when it holds the same program."""
     jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[cfg.model.matmul_precision])
-    if topology is not None:
+    if topology is not None and topology.get("platform") == "cuda":
+        devices, where, topo = gpu_devices(topology)
+    elif topology is not None:
         devices, where, topo = topology_devices(topology)
     else:
         cpus = jax.devices("cpu")
@@ -101,9 +184,26 @@ def compile_cell(cfg: Config, topology: Dict[str, Any] | None = None) -> Dict[st
     mesh = make_mesh(cfg, devices)
     kind = devices[0].device_kind
     t0 = time.perf_counter()
-    program = TrainStep(cfg, mesh)
-    lowered = program.lower()
+    program, lowered, kernel, notes = lower_step(cfg, mesh, devices[0].platform)
     lower_s = time.perf_counter() - t0
+    cache = _cache_dir()
+    key = cache_key(cfg, lowered, topology) if cache else None
+    if cache and key:
+        hit = files.read_json(cache / f"{key}.json")
+        if isinstance(hit, dict):
+            return {**hit, "lower_s": lower_s, "cache": {"hit": True, "key": key, "dir": str(cache)}}
+    out = _compile(cfg, program, lowered, devices, where, topo, kind, lower_s)
+    out["attention_kernel"] = kernel.settings()
+    out["notes"] = notes + out["notes"]
+    if devices[0].platform == "gpu":
+        out["notes"].append(GPU_LEAVES_OUT)
+    if cache and key:
+        files.write_json(cache / f"{key}.json", {**out, "compiled_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        out["cache"] = {"hit": False, "key": key, "dir": str(cache)}
+    return out
+
+
+def _compile(cfg: Config, program: TrainStep, lowered, devices, where: str, topo, kind: str, lower_s: float) -> Dict[str, Any]:
     tokens = cfg.train.global_batch * cfg.model.seq_len
     formula = flops.flops_per_token(cfg.model) * tokens
     out: Dict[str, Any] = {"framework": "jax", "target": cfg.target, "devices": cfg.devices, "where": where,
@@ -141,6 +241,11 @@ def compile_cell(cfg: Config, topology: Dict[str, Any] | None = None) -> Dict[st
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     xla = float(cost["flops"]) if cost and "flops" in cost else None
+    if xla is None and devices[0].platform == "gpu":
+        xla = hlo_flops(compiled)
+        if xla is not None:
+            out["notes"].append("FLOPs: XLA's HLO cost analysis of the compiled GPU module, run through the CPU client "
+                                "(a deviceless XLA:GPU compile reports no cost analysis of its own)")
     per_device = formula / cfg.devices
     out["flops"] = {"xla_per_device": xla, "formula_per_device": per_device, "tokens_per_step": tokens,
                     "ratio": xla / per_device if xla is not None else None}
@@ -157,6 +262,20 @@ def compile_cell(cfg: Config, topology: Dict[str, Any] | None = None) -> Dict[st
     if devices[0].platform == "cpu" and cfg.target != "local":
         out["notes"].append("compiled for CPU devices: a GPU's compiler lays memory out differently")
     return out
+
+
+def hlo_flops(compiled) -> float | None:
+    """FLOPs of a compiled module whose backend reports none (deviceless XLA:GPU): XLA's HLO cost analysis
+    of its optimised module on the CPU client. jaxlib has no public entry for it (`jax.stages.Compiled.
+    cost_analysis()` is None here), so this is its one internal call, and a failure only drops the figure."""
+    try:
+        from jax._src.lib import xla_client
+        module = compiled.runtime_executable().hlo_modules()[0]
+        cost = xla_client._xla.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
+        return float(cost["flops"]) if cost and "flops" in cost else None
+    except Exception as e:  # an internal API of jaxlib: another version may not have it
+        log.warning(f"no FLOPs figure for the GPU compile: {type(e).__name__}: {e}")
+        return None
 
 
 def main(argv: List[str]) -> int:

@@ -3,6 +3,7 @@ time and FLOPs of a cell's real train step, known before the cell runs."""
 
 import importlib.util
 import json
+import os
 import sys
 
 import pytest
@@ -22,6 +23,16 @@ def needs_libtpu():
         if in_ci():
             pytest.fail("libtpu is not installed: CI must install the tpu-aot extra (make test does)")
         pytest.skip("libtpu not installed (pip install 'scaleout[tpu-aot]')")
+
+
+def needs_gpu_aot():
+    """The gpu-aot extra's jax CUDA plugin; `make test` runs these tests in .venv-gpu-aot (SCALEOUT_GPU_AOT_TESTS=1),
+    where a missing plugin fails; in the main run (no plugin, on purpose) they skip, saying so."""
+    if aot.gpu_compiler_missing():
+        if os.environ.get("SCALEOUT_GPU_AOT_TESTS"):
+            pytest.fail(f"the gpu-aot extra is not installed here ({aot.gpu_compiler_missing()} missing)")
+        pytest.skip("no jax CUDA plugin here: `make test` runs the gpu_aot tests in .venv-gpu-aot "
+                    "(pip install -c constraints.txt 'scaleout[gpu-aot]')")
 
 
 def plan_compile(tmp_path, *overrides, check=False):
@@ -57,7 +68,7 @@ def test_datasheet_memory_and_limits():
     tpu = config.load(["target=tpu", "tpu.generation=v5p", "devices=4", "train.global_batch=4"])
     assert aot.device_limit(tpu, "TPU v5")[0] == 95 * GIB
     assert aot.device_limit(config.load(["plan.device_memory_gib=2"]))[0] == 2 * GIB
-    assert aot.device_limit(config.load(["target=slurm", "plan.device=h100"]))[0] == 80 * GIB
+    assert aot.device_limit(config.load(["target=slurm", "plan.device=h100"]))[0] == int(0.9 * 84942979072)
     limit, why = aot.device_limit(config.load(["target=slurm", "slurm.gpus_per_node=8"]))
     assert limit is None and "plan.device" in why
     local = config.load(["devices=4"])
@@ -126,6 +137,85 @@ def test_a_cell_that_cannot_fit_a_tpu_slice_exits_1_under_check(tmp_path):
     text = run_cli(["plan", "--compile", "target=tpu", "tpu.generation=v5e", "devices=16", "model=1b",
                     "train.global_batch=128"], cwd=tmp_path, timeout=900)
     assert text.returncode == 0 and "DOES NOT FIT" in text.stdout and "16.00 GiB" in text.stdout
+
+
+# --------------------------------------------------------------------------- JAX: compile for NVIDIA GPUs without one
+
+H100 = ["target=slurm", "plan.device=h100", "slurm.gpus_per_node=8", "devices=8", "slurm.devices_per_node=4"]
+
+
+@pytest.mark.gpu_aot
+def test_tiny_compiles_for_8_h100s_on_2_nodes(tmp_path):
+    """tiny on 2 nodes x 4 H100s through XLA:GPU's deviceless compile, unrolled so the FLOPs compare."""
+    needs_gpu_aot()
+    p, r = plan_compile(tmp_path, *H100, "train.global_batch=16", "model.scan_layers=false", check=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert r["platform"] == "gpu" and r["device_kind"] == "NVIDIA H100 80GB HBM3" and r["devices"] == 8
+    assert r["topology"]["topology"] == "1x2x4" and r["topology"]["hosts_seen"] == 2
+    m = r["memory"]
+    assert m["argument"] > 0 and m["alias"] > 0 and m["temp"] > 0
+    assert m["total"] == m["argument"] + m["output"] - m["alias"] + m["temp"] + m["generated_code"]
+    assert r["limit_bytes"] == int(0.9 * 84942979072) and r["fits"] is True
+    assert r["attention_kernel"] == {"attention_kernel": "xla", "attention_class": "dense"}  # fp32: no cuDNN kernel
+    assert 0.9 < r["flops"]["ratio"] < 1.5, r["flops"]  # XLA's HLO cost analysis of the GPU module vs the formula
+    assert any("no autotuning" in n and "NCCL" in n for n in r["notes"]), r["notes"]
+
+
+@pytest.mark.gpu_aot
+def test_a_cell_that_cannot_fit_8_h100s_exits_1_under_check(tmp_path):
+    """Dense attention over 4096 tokens x 128 sequences per GPU: XLA:GPU compiles it (its rematerialisation
+    only warns), and the total is far over 0.9 of an H100."""
+    needs_gpu_aot()
+    p, r = plan_compile(tmp_path, *H100, "train.global_batch=1024", "model.seq_len=4096", check=True)
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert r["fits"] is False and r["memory"]["total"] > r["limit_bytes"] == int(0.9 * 84942979072)
+    err = [line for line in p.stderr.splitlines() if line.startswith("scaleout:")]
+    assert len(err) == 1 and "jax-d8" in err[0] and "model.gpu_memory_fraction=0.9" in err[0] and "model.remat" in err[0]
+
+
+@pytest.mark.gpu_aot
+def test_bf16_compiles_the_kernel_the_gpu_trainer_runs_or_says_why_not(tmp_path):
+    """bf16 on H100: cuDNN's fused attention where cuDNN is installed (it is checked at lowering even without a
+    GPU); without it, XLA's dense path with a note naming what the trainer runs instead."""
+    needs_gpu_aot()
+    p, r = plan_compile(tmp_path, *H100, "train.global_batch=16", "model.dtype=bf16")
+    assert p.returncode == 0, p.stderr[-3000:]
+    if importlib.util.find_spec("nvidia.cudnn") is not None:
+        assert r["attention_kernel"] == {"attention_kernel": "cudnn", "attention_class": "fused"}
+    else:
+        assert r["attention_kernel"]["attention_kernel"] == "xla"
+        assert any("not cudnn (fused)" in n and "cuDNN not found" in n for n in r["notes"]), r["notes"]
+
+
+def test_gpu_compile_without_the_extra_says_how_to_install(scaleout, monkeypatch):
+    for v in (12, 13):  # as on a machine without the gpu-aot extra (see the libtpu test above)
+        monkeypatch.setitem(sys.modules, f"jax_plugins.xla_cuda{v}", None)
+    code, out, err = scaleout("plan", "--compile", *H100)
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert err.count("\n") == 1 and "pip install -c constraints.txt 'scaleout[gpu-aot]'" in err, err
+
+
+def test_torch_estimate_for_a_gpu_is_labelled_as_traced_on_cpu(tmp_path):
+    p, r = plan_compile(tmp_path, "framework=torch", *H100[:3], "devices=2", "train.global_batch=4")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert r["method"].startswith("FSDPMemTracker") and r["limit_bytes"] == int(0.9 * 84942979072)
+    assert any("traced on this machine's CPU" in n for n in r["notes"]), r
+
+
+def test_a_repeated_compile_is_answered_from_the_cache(tmp_path):
+    """The same cell twice: the second is not compiled again (same figures, `cache.hit`); another batch is."""
+    cache = f"plan.cache_dir={tmp_path / 'cache'}"
+    _, first = plan_compile(tmp_path, "devices=2", "train.global_batch=8", cache)
+    _, again = plan_compile(tmp_path, "devices=2", "train.global_batch=8", cache)
+    _, other = plan_compile(tmp_path, "devices=2", "train.global_batch=16", cache)
+    assert first["cache"]["hit"] is False and again["cache"]["hit"] is True and other["cache"]["hit"] is False
+    assert again["memory"] == first["memory"] and again["compile_s"] == first["compile_s"]
+    assert other["memory"]["total"] != first["memory"]["total"]
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 2
+    text = run_cli(["plan", "--compile", "devices=2", "train.global_batch=8", cache], cwd=tmp_path)
+    assert "answered from the compile cache" in text.stdout, text.stdout
+    _, off = plan_compile(tmp_path, "devices=2", "train.global_batch=8", "plan.cache_dir=null")
+    assert "cache" not in off
 
 
 # --------------------------------------------------------------------------- the sweep's fit check

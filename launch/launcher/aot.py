@@ -6,17 +6,24 @@ Per cell, one figure per device, from the framework's own machinery on this mach
 - jax: the trainer's real train step (`jaxrun.train.TrainStep`: the same function, shardings and
   donation, `grad_accum`, `remat` and `scan_layers` included) lowered and compiled ahead of time
   (`jaxrun.aot`), for the TPU slice that `devices` and `tpu.generation` name through libtpu's
-  topology description (target tpu; needs the `tpu-aot` extra), else for simulated CPU devices.
+  topology description (target tpu; needs the `tpu-aot` extra), for the NVIDIA GPUs `plan.device`
+  names in the cell's node shape through XLA:GPU's deviceless compile (target slurm/local; needs
+  the `gpu-aot` extra; `launch.core.gpu_targets` describes the GPU), else for simulated CPU devices.
   Memory from XLA's `memory_analysis()`: arguments + outputs - aliased (donated state) + temporaries
   (activations, compiler scratch) + generated code. FLOPs from `cost_analysis()` next to
   `launch.core.flops` x tokens.
 - torch: one forward + backward + optimizer step of the real model and FSDP2 wrapping for the
   cell's world size in one process: a fake process group and `FakeTensorMode`, measured by
-  `torch.distributed._tools.FSDPMemTracker` (`torchrun_fsdp.memory`).
+  `torch.distributed._tools.FSDPMemTracker` (`torchrun_fsdp.memory`). Traced on the CPU also for a
+  GPU cell (a CPU build of torch cannot trace FSDP2 on CUDA devices), and labelled so.
+
+On GPUs the limit is `model.gpu_memory_fraction` of the device's memory: the share both trainers
+allow themselves.
 
 Both run in a subprocess of this interpreter (jax or torch is never imported here) that prints
-JSON; the limit each estimate is compared with is `device_limit`'s. Nothing is written: the
-configs the subprocess reads live in a temporary directory.
+JSON; the limit each estimate is compared with is `device_limit`'s. Nothing is written but the
+compile cache (`plan.cache_dir`, outside the run directory): the configs the subprocess reads live in
+a temporary directory.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,7 +41,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from launch import config as config_mod
-from launch.common import files
+from launch.common import envvars, files
 from launch.config import ConfigError
 from launch.config.schema import Config
 from launch.core import flops
@@ -43,6 +51,7 @@ log = logging.getLogger(__name__)
 
 EXTRA = "tpu-aot"
 INSTALL = f"pip install 'scaleout[{EXTRA}]'"
+GPU_INSTALL = "pip install -c constraints.txt 'scaleout[gpu-aot]'"
 GIB = 2**30
 TIMEOUT_S = 1800.0  # per cell of an estimating subprocess (300m compiles for a TPU slice in ~8 min on 2 busy cores)
 KNOBS = "model.remat=full (or dots), a larger train.grad_accum, more fsdp (devices / parallel.fsdp), or a smaller train.global_batch"
@@ -83,6 +92,57 @@ def tpu_env(accelerator_type: str) -> Dict[str, str]:
             "TPU_WORKER_ID": "0", "TPU_WORKER_HOSTNAMES": "localhost", "JAX_PLATFORMS": "cpu"}
 
 
+# --------------------------------------------------------------------------- NVIDIA GPUs
+
+def gpu_target(cfg: Config):
+    """The `launch.core.gpu_targets` description of the cell's GPU when the JAX cell is compiled for GPUs
+    (target slurm/local with a `plan.device` that has one), else None."""
+    if cfg.framework != "jax" or cfg.target == "tpu" or not cfg.plan.device:
+        return None
+    from launch.core import gpu_targets
+    return gpu_targets.lookup(cfg.plan.device)
+
+
+def gpu_topology(cfg: Config) -> Optional[Dict[str, Any]]:
+    """What `jaxrun.aot` compiles a GPU cell for: the node shape (SLURM: `slurm.devices_per_node` GPUs
+    used per node; local: one host) and the GPU's target description."""
+    from launch.core import gpu_targets
+    t = gpu_target(cfg)
+    if t is None:
+        return None
+    per_host = min(cfg.devices, cfg.slurm.devices_per_node) if cfg.target == "slurm" else cfg.devices
+    hosts = -(-cfg.devices // per_host)
+    if hosts * per_host != cfg.devices:
+        raise ConfigError(f"devices={cfg.devices} does not fill nodes of slurm.devices_per_node={per_host} GPUs; "
+                          "plan --compile needs whole nodes (a multiple of slurm.devices_per_node).")
+    return {"platform": "cuda", "device": cfg.plan.device, "name": t.name, "hosts": hosts, "gpus_per_host": per_host,
+            "topology": f"1x{hosts}x{per_host}", "memory_bytes": t.memory_bytes,
+            "target_config": gpu_targets.target_config(t)}
+
+
+def gpu_compiler_missing() -> Optional[str]:
+    """What is missing for a deviceless XLA:GPU compile in this Python, or None."""
+    def found(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # no parent package
+            return False
+
+    if not any(found(f"jax_plugins.xla_cuda{v}") for v in (12, 13)):
+        return "a jax CUDA plugin"
+    ptxas = found("nvidia") and any(
+        (Path(p) / sub / "bin" / "ptxas").exists() for p in importlib.util.find_spec("nvidia").submodule_search_locations
+        for sub in ("cuda_nvcc", "cu13"))
+    if not ptxas and shutil.which("ptxas") is None:
+        return "ptxas (nvidia-cuda-nvcc-cu12)"
+    return None
+
+
+def gpu_env() -> Dict[str, str]:
+    """Environment for XLA:GPU on a machine without GPUs: the CPU client only, nothing preallocated."""
+    return {"JAX_PLATFORMS": "cpu", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+
+
 # --------------------------------------------------------------------------- limits
 
 def host_memory_bytes() -> int:
@@ -104,7 +164,13 @@ def device_limit(cfg: Config, device_kind: Optional[str] = None) -> Tuple[Option
             known = ", ".join(sorted(flops.HBM_BYTES))
             raise ConfigError(f"plan.device={p.device!r} is not in the datasheet table; name one of {known}, "
                               "or set plan.device_memory_gib.")
-        return hbm, f"datasheet memory of {p.device}"
+        if p.device.lower().startswith("tpu"):
+            return hbm, f"datasheet memory of {p.device}"
+        from launch.core import gpu_targets
+        t = gpu_targets.lookup(p.device)  # what the device reports, a little under the datasheet's GB
+        memory, what = (t.memory_bytes, f"{t.name}'s {t.memory_bytes / GIB:.2f} GiB") if t else (hbm, f"datasheet memory of {p.device}")
+        f = cfg.model.gpu_memory_fraction
+        return int(f * memory), f"model.gpu_memory_fraction={f:g} of {what}"
     if cfg.target == "slurm":
         if cfg.slurm.gpus_per_node:
             return None, "the GPU model is unknown: set plan.device (e.g. h100) or plan.device_memory_gib"
@@ -134,6 +200,12 @@ def check_available(cfgs: Sequence[Config]) -> None:
     if needs_tpu_extra(cfgs) and importlib.util.find_spec("libtpu") is None:
         raise SubmitError(f"plan --compile with target=tpu compiles for the TPU slice through libtpu, which is not "
                           f"installed in this Python ({sys.executable}); install it with {INSTALL}.")
+    gpu = next((c for c in cfgs if gpu_target(c) is not None), None)
+    if gpu is not None:
+        missing = gpu_compiler_missing()
+        if missing:
+            raise SubmitError(f"plan --compile with plan.device={gpu.plan.device} compiles for the GPU with XLA:GPU, "
+                              f"which needs {missing} in this Python ({sys.executable}); install it with {GPU_INSTALL}.")
 
 
 def _run(module: str, paths: List[Path], env: Dict[str, str], what: str) -> List[Dict[str, Any]]:
@@ -163,7 +235,11 @@ def estimate(cfgs: Sequence[Config], names: Optional[Sequence[str]] = None) -> L
             paths.append(Path(tmp) / f"{i}.yaml")
             config_mod.save(c, paths[-1])
         jax_tpu = [i for i, c in enumerate(cfgs) if c.framework == "jax" and c.target == "tpu"]
-        jax_cpu = [i for i, c in enumerate(cfgs) if c.framework == "jax" and c.target != "tpu"]
+        jax_gpu = [i for i, c in enumerate(cfgs) if gpu_target(c) is not None]
+        jax_cpu = [i for i, c in enumerate(cfgs) if c.framework == "jax" and c.target != "tpu" and i not in jax_gpu]
+        for i in jax_gpu:
+            files.write_json(paths[i].with_suffix(files.TOPOLOGY_SUFFIX), gpu_topology(cfgs[i]))
+        cache = {envvars.COMPILE_CACHE: str(Path(cfgs[0].plan.cache_dir).expanduser()) if cfgs[0].plan.cache_dir else ""}
         torch_cells = [i for i, c in enumerate(cfgs) if c.framework == "torch"]
         by_type: Dict[str, List[int]] = {}
         for i in jax_tpu:  # a slice shape it cannot lay out is a one-sentence error here, before any compile
@@ -171,16 +247,22 @@ def estimate(cfgs: Sequence[Config], names: Optional[Sequence[str]] = None) -> L
             files.write_json(paths[i].with_suffix(files.TOPOLOGY_SUFFIX), topo)  # what jaxrun.aot compiles for
             by_type.setdefault(topo["accelerator_type"], []).append(i)
         for accelerator_type, idx in by_type.items():  # one process per slice type: libtpu reads it at start
-            for i, r in zip(idx, _run("jaxrun.aot", [paths[i] for i in idx], tpu_env(accelerator_type),
+            for i, r in zip(idx, _run("jaxrun.aot", [paths[i] for i in idx], {**tpu_env(accelerator_type), **cache},
                                       f"the {accelerator_type} compile")):
+                out[i] = r
+        if jax_gpu:
+            for i, r in zip(jax_gpu, _run("jaxrun.aot", [paths[i] for i in jax_gpu], {**gpu_env(), **cache},
+                                          "the XLA:GPU compile")):
                 out[i] = r
         if jax_cpu:
             n = max(cfgs[i].devices for i in jax_cpu)
-            env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
+            env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}", **cache}
             for i, r in zip(jax_cpu, _run("jaxrun.aot", [paths[i] for i in jax_cpu], env, "the CPU compile")):
                 out[i] = r
         for i in torch_cells:  # one process per world size: the fake process group is per process
             out[i] = _run("torchrun_fsdp.memory", [paths[i]], {}, f"cell {names[i]}")[0]
+            if cfgs[i].plan.device and not cfgs[i].plan.device.lower().startswith("tpu"):
+                out[i].setdefault("notes", []).append(TORCH_GPU_NOTE)
     for i, (c, r) in enumerate(zip(cfgs, out)):
         assert r is not None
         r["cell"] = names[i]
@@ -191,6 +273,11 @@ def estimate(cfgs: Sequence[Config], names: Optional[Sequence[str]] = None) -> L
         total = (r.get("memory") or {}).get("total")
         r["fits"] = None if limit is None or total is None else bool(total <= limit)
     return out  # type: ignore[return-value]
+
+
+TORCH_GPU_NOTE = ("PyTorch's estimate is traced on this machine's CPU (a CPU build of torch cannot trace FSDP2 on "
+                  "CUDA devices): tensor memory only, without the CUDA context, allocator slack or NCCL buffers; "
+                  "the JAX figure for the same GPU is XLA:GPU's own")
 
 
 # --------------------------------------------------------------------------- the fit check
@@ -239,7 +326,12 @@ def format_text(results: Sequence[Dict[str, Any]]) -> str:
             else:
                 lines.append(f"per device: {_gib(mem.get('total'))} (XLA refused to compile it)")
             cpu = f", {r['compile_cpu_s']:.1f} s of CPU" if r.get("compile_cpu_s") is not None else ""
-            lines.append(f"compile: {r['compile_s']:.2f} s{cpu} (+ {r['lower_s']:.2f} s tracing and lowering)")
+            cached = (f"; answered from the compile cache ({(r.get('cache') or {}).get('dir')}), compiled {r.get('compiled_at')}"
+                      if (r.get("cache") or {}).get("hit") else "")
+            lines.append(f"compile: {r['compile_s']:.2f} s{cpu} (+ {r['lower_s']:.2f} s tracing and lowering){cached}")
+            k = r.get("attention_kernel") or {}
+            if k:
+                lines.append(f"attention: {k.get('attention_kernel')} ({k.get('attention_class')})")
         else:
             parts = ", ".join(f"{k} {_gib(v)}" for k, v in (r.get("breakdown") or {}).items() if v)
             lines.append(f"per rank peak: {_gib(mem.get('total'))} ({r['method']}){': ' + parts if parts else ''}")
