@@ -1,7 +1,8 @@
 """`python -m bench.gpu [--models 125m,300m] [--steps 40] [--batch 16] [--record]`: the one-GPU check.
 
 Runs `125m` and `300m` in bf16 on one GPU for both frameworks through the local target (a real
-`scaleout sweep`), then prints tokens/s, MFU (against the datasheet peak), compile time, time to
+`scaleout sweep`; on a host with several GPUs its one-device cells see only the first,
+`CUDA_VISIBLE_DEVICES`, so JAX neither opens nor preallocates the others), then prints tokens/s, MFU (against the datasheet peak), compile time, time to
 first step and peak device memory per framework, side by side. `--record` appends the table with
 the command, the GPU, the versions and the date to BENCHMARKS.md. Refuses, in one sentence, to run
 where no NVIDIA GPU is visible: a CPU run is not this benchmark.
