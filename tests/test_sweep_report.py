@@ -158,6 +158,11 @@ def test_local_sweep_end_to_end(tmp_path):
     assert doc["derived"]["loss_gap"]["1"]["max_rel_diff"] < 1e-3
     assert doc["hardware"]["simulated_devices_share_host"] is True
     assert "functional dry run" in (run / "report.md").read_text()
+    # on CPU, auto attention is XLA's dense path in JAX and SDPA's CPU flash kernel in PyTorch: said, and marked
+    att = doc["derived"]["attention"]["1"]
+    assert att["kernels"] == {"jax": "xla (dense)", "torch": "flash (fused)"} and att["different_classes"] is True
+    md = (run / "report.md").read_text()
+    assert "different classes (fused vs dense)" in md and "MFU is measured against: the host's fp32 matmul" in md
 
     # rerun without the fault: finished cells are skipped, the crashed one resumes and finishes
     before = (run / "jax-d1" / "metrics.jsonl").read_text()
