@@ -146,7 +146,7 @@ class JaxEngine:
         self.settings["mfu_peak"] = engine.mfu_peak_basis(self.platform == "cpu", self.device_kind,
                                                           precision_of(cfg.model))
         m = cfg.model
-        self.attention = resolve_attention(cfg, self.mesh.devices.flat[0])
+        self.attention = resolve_attention(cfg, self.mesh.local_devices[0])  # a device this process can compile for
         self.program = TrainStep(cfg, self.mesh, self.attention.name)
         p = self.program
         self.param_sh, self.opt_sh, self.batch_sh, self.tx = p.param_sh, p.opt_sh, p.batch_sh, p.tx
