@@ -59,6 +59,9 @@ NOT_MATH = ("train.stop_after", "train.log_every", "train.warmup_exclude", "trai
             "train.eval_batch_size", "model.attention_impl", "model.gpu_memory_fraction")
 # One path component of safe characters (run.name, run.id); checked with re.fullmatch.
 SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+")
+# Keys sweep.extra may not vary: they say which run a cell belongs to or where it lives (issue 24.5).
+PLACE_KEYS = ("framework", "devices", "target", "checkpoint.dir")
+PLACE_SECTIONS = ("run", "sweep")
 
 
 class ConfigError(ValueError):
@@ -472,6 +475,11 @@ def validate(cfg: Config) -> None:
     for key, values in cfg.sweep.extra.items():
         if key not in _LEAVES:
             raise ConfigError(f"sweep.extra key {key} is not a config key" + _did_you_mean(key, list(_LEAVES)))
+        if key in PLACE_KEYS or key.split(".")[0] in PLACE_SECTIONS:
+            raise ConfigError(f"sweep.extra key {key} is not valid: it says which run a cell belongs to or where it lives "
+                              f"({', '.join(PLACE_KEYS)}, {', '.join(s + '.*' for s in PLACE_SECTIONS)} cannot be swept); "
+                              "sweep frameworks and device counts with sweep.frameworks and sweep.devices, and give the "
+                              "others once for the whole run.")
         if not isinstance(values, list) or not values:
             raise ConfigError(f"sweep.extra.{key}={_show(values)} is not valid: give a non-empty list of values.")
 

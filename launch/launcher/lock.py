@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import socket
 from pathlib import Path
 from typing import Dict, Iterable
 
@@ -51,7 +50,7 @@ class CellLocks:
             raise CellBusy(f"cell {d.name} is being run by {holder} (lock {path}); wait for it to finish "
                            "or stop it, then run again.") from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"PID {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        os.pwrite(fd, f"{files.holder()}\n".encode(), 0)
         self._fds[d] = fd
 
     def release(self) -> None:

@@ -25,14 +25,11 @@ Reading the identity never creates it; `plan` and a refused run write nothing.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import fcntl
-import os
 import re
 import uuid
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 from launch import config as config_mod
 from launch.common import files
@@ -82,31 +79,25 @@ class RunDir:
         if given is not None and rid not in (None, given):
             raise ConfigError(f"run.id={given!r} is not the id of {self.path} ({rid}); leave run.id unset: scaleout sets it.")
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """The run lock: one launcher at a time creates the identity and writes cells (blocks, briefly)."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / files.RUN_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # closing drops the lock
+    def _locked(self) -> ContextManager[None]:
+        """The run lock: one launcher at a time creates the identity, writes cells or jobs.json (blocks, briefly)."""
+        return files.flocked(self.path / files.RUN_LOCK_FILE)
 
-    def _establish(self) -> str:
-        """The run's id, creating run.json if it does not exist (exactly once, whoever races)."""
+    def _establish(self) -> Tuple[str, bool]:
+        """The run's id, creating run.json if it does not exist (exactly once, whoever races); and whether this
+        call created it."""
         rid = self.id
         if rid is not None:
-            return rid
+            return rid, False
         rid = self.cfg.run.id or uuid.uuid4().hex[:12]
-        files.write_json(self.path / files.RUN_FILE, {
+        created = files.write_json(self.path / files.RUN_FILE, {
             "id": rid, "name": self.cfg.run.name,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}, exclusive=True)
         rid = self.id
         if rid is None:
             raise ConfigError(f"{self.path / files.RUN_FILE} exists but holds no run id; it was damaged or written by "
                               "hand: remove it (or the run directory) and run again.")
-        return rid
+        return rid, created
 
     # ----------------------------------------------------------------------- cells
 
@@ -161,13 +152,22 @@ class RunDir:
         launcher may have written meanwhile, write each <cell>/config.yaml (and claim its checkpoint
         place), and sweep.json when given. Returns the cells as written (their configs carry the id)."""
         with self._locked():
-            rid = self._establish()
-            cells = [c if c.cfg.run.id == rid else
-                     Cell(c.name, c.framework, c.devices, c.extra, config_mod.replace(c.cfg, {"run.id": rid}), c.dir)
-                     for c in cells]
-            self.check(cells)
-            for c in cells:
-                claim_checkpoints(c.cfg, self.path)
+            rid, created = self._establish()
+            claimed: List[Path] = []
+            try:
+                cells = [c if c.cfg.run.id == rid else
+                         Cell(c.name, c.framework, c.devices, c.extra, config_mod.replace(c.cfg, {"run.id": rid}), c.dir)
+                         for c in cells]
+                self.check(cells)
+                for c in cells:
+                    if claim_checkpoints(c.cfg, self.path):
+                        claimed.append(Path(c.cfg.checkpoint.dir) / files.OWNER_FILE)
+            except BaseException:  # refused (another run won a checkpoint place meanwhile): leave nothing behind
+                for owner in claimed:
+                    owner.unlink(missing_ok=True)
+                if created:
+                    (self.path / files.RUN_FILE).unlink(missing_ok=True)
+                raise
             for c in cells:
                 config_mod.save(c.cfg, c.dir / files.CONFIG_NAME)
             if manifest is not None:
@@ -220,18 +220,20 @@ def check_checkpoint_owner(cell_cfg: Config, run_path: Path) -> None:
     raise _owner_refusal(ckpt, owner, run_path)
 
 
-def claim_checkpoints(cell_cfg: Config, run_path: Path) -> None:
+def claim_checkpoints(cell_cfg: Config, run_path: Path) -> bool:
     """Record in a local checkpoint directory which run it belongs to; refuse it if another run got there
-    first (two run directories racing for one checkpoint.dir root: exactly one wins)."""
+    first (two run directories racing for one checkpoint.dir root: exactly one wins). True when this call
+    made the claim (False: it was this run's already, or the place is remote)."""
     if files.is_remote(cell_cfg.checkpoint.dir):
-        return
+        return False
     ckpt = Path(cell_cfg.checkpoint.dir)
     mine = {"run_id": cell_cfg.run.id, "run_dir": str(run_path)}
     if files.write_json(ckpt / files.OWNER_FILE, mine, exclusive=True):
-        return
+        return True
     owner = files.read_json(ckpt / files.OWNER_FILE)
     if not (isinstance(owner, dict) and owner.get("run_id") == cell_cfg.run.id):
         raise _owner_refusal(ckpt, owner, run_path)
+    return False
 
 
 def cell_config(cfg: Config, name: str) -> Config:

@@ -20,7 +20,6 @@ checkpoints; a failing cell does not stop the others.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 from typing import Any, Dict, List, Optional, Sequence
@@ -89,16 +88,21 @@ def check(cfg: Config, run: RunDir, cells: Sequence[Cell]) -> Dict[str, Dict[str
     run.check(cells)
     for c in cells:
         target.preflight(c.cfg)
-    live = {name: job for name, job in target.jobs(run.path).items() if job.live}
-    for c in cells:
-        if c.name in live:
-            raise SubmitError(f"cell {c.name} already has a live job {live[c.name].job_id} ({live[c.name].state}); "
-                              f"wait for it, or stop it with `scaleout cancel {run.path} {c.name}`.")
+    check_no_live_job(target, run, cells)
     if not cfg.plan.check_fit:
         return {}
     from launch.launcher import aot  # last: it compiles or traces every cell
     log.info(f"plan.check_fit: estimating the per-device memory of {len(cells)} cell(s)")
     return aot.check_fit(cfg, cells)
+
+
+def check_no_live_job(target, run: RunDir, cells: Sequence[Cell]) -> None:
+    """Refuse cells that already have a live job (a SLURM job queued or running, a TPU slice's detached trainers)."""
+    live = {name: job for name, job in target.jobs(run.path).items() if job.live}
+    for c in cells:
+        if c.name in live:
+            raise SubmitError(f"cell {c.name} already has a live job {live[c.name].job_id} ({live[c.name].state}); "
+                              f"wait for it, or stop it with `scaleout cancel {run.path} {c.name}`.")
 
 
 def is_finished(c: Cell) -> bool:
@@ -118,8 +122,13 @@ def execute(cfg: Config, run: RunDir, cells: List[Cell], is_sweep: bool) -> List
     estimates = check(cfg, run, cells)
     target = get_target(cfg.target)
     todo = [c for c in cells if not is_finished(c)]
-    foreground = cfg.target != "slurm"  # slurm's launcher hands the cells to jobs and leaves
-    with CellLocks([c.dir for c in todo]) if foreground else contextlib.nullcontext():
+    # One owner per cell, on every target: from here until the cell has run (local, tpu) or its job id is in
+    # jobs.json (slurm), no other launcher can check, write or start it. What was checked before the lock is
+    # checked again under it: another launcher may have finished the cell or submitted a job meanwhile.
+    with CellLocks([c.dir for c in todo]):
+        if todo:
+            check_no_live_job(target, run, todo)
+        todo = [c for c in todo if not is_finished(c)]
         cells = run.write(cells, manifest(cfg, cells) if is_sweep else None)
         todo = [c for c in cells if c.name in {t.name for t in todo}]
         if estimates:
@@ -133,14 +142,40 @@ def execute(cfg: Config, run: RunDir, cells: List[Cell], is_sweep: bool) -> List
                 log.info(f"cell {c.name}: finished earlier, skipped")
             elif not is_sweep:
                 log.info(f"cell {c.name}: {c.dir}")
-        return target.run(todo, run.path) if todo else []
+        outcomes = target.run(todo, run.path) if todo else []
+    explain_failures(cfg, run, outcomes)
+    return outcomes
+
+
+def explain_failures(cfg: Config, run: RunDir, outcomes: Sequence[Outcome]) -> None:
+    """A failed cell's own error on the console. Local and TPU cells print theirs as they fail (their processes'
+    last lines); a SLURM cell's are in its job's files, which `status` reads: the same lines, here."""
+    failed = {o.cell for o in outcomes if o.state == "failed"}
+    if cfg.target != "slurm" or not failed:
+        return
+    from launch.launcher import status
+    for st in status.cell_states(run.path):
+        if st.cell in failed:
+            lines = (status.trainer_errors(run.path, st.cell) or st.error  # the trainers' own sentences first
+                     or [f"no error was recorded (job state {st.state}, status {st.status})"])
+            log.error(f"cell {st.cell} failed (SLURM job {st.job_id}, {st.state}):" + "".join(f"\n  | {line}" for line in lines)
+                      + f"\n  all of its output: scaleout logs {run.path} {st.cell}")
+
+
+def follow_hint(run: RunDir, cells: Sequence[str]) -> str:
+    """What to do after a submission that this command does not wait for (slurm.wait=false)."""
+    one = cells[0] if len(cells) == 1 else "CELL"
+    return (f"{'the job runs' if len(cells) == 1 else 'the jobs run'} without this command (slurm.wait=false); follow "
+            f"with `scaleout status {run.path}` and `scaleout logs {run.path} {one} --follow`, stop with "
+            f"`scaleout cancel {run.path}`" + (f", and write the report with `scaleout report {run.path}` once they have "
+                                                 "ended" if len(cells) > 1 else ""))
 
 
 def run_sweep(cfg: Config) -> int:
     run = RunDir(cfg)
     outcomes = execute(cfg, run, expand(cfg, run), is_sweep=True)
     if not all(o.final for o in outcomes):
-        log.info(f"follow with: scaleout status {run.path}  |  scaleout logs {run.path} CELL --follow  |  scaleout report {run.path}")
+        log.info(follow_hint(run, [o.cell for o in outcomes]))
         return 0
     from launch.report import report
     out = report.write(run.path)
@@ -148,7 +183,7 @@ def run_sweep(cfg: Config) -> int:
     log.info(f"plots:  {', '.join(str(p) for p in out['plots'])}")
     failed = [o.cell for o in outcomes if o.state == "failed"]
     if failed:
-        log.info(f"{len(failed)} cell(s) failed: {', '.join(failed)} (see the report and <cell>/logs/)")
+        log.info(f"{len(failed)} cell(s) failed: {', '.join(failed)} (see the report and `scaleout logs {run.path} CELL`)")
     return 1 if failed else 0
 
 
@@ -159,5 +194,5 @@ def run_single(cfg: Config) -> int:
         return 0
     o = outcomes[0]
     if o.state == "submitted":
-        log.info(f"follow with: scaleout status {run.path}  |  scaleout logs {run.path} {o.cell} --follow")
+        log.info(follow_hint(run, [o.cell]))
     return o.code
