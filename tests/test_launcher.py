@@ -49,11 +49,11 @@ def test_plan_slurm_without_slurm_installed(tmp_path):
 def test_plan_script_is_the_one_submitted(tmp_path):
     """The plan's script and the submitted script come from one executor (only the job folder differs)."""
     from launch import config
-    from launch.targets.slurm import target as slurm
+    from launch.targets.slurm import submitit_api, target as slurm
     cfg = config.load(["target=slurm", "devices=2", "slurm.devices_per_node=2", "slurm.partition=debug"])
     folder = tmp_path / "slurm" / "%j"
     ex = slurm.build_executor(cfg, folder)
-    assert slurm.render_script(cfg, folder) == ex._make_submission_file_text(ex._submitit_command_str, "x")
+    assert slurm.render_script(cfg, folder) == submitit_api.render(ex)
     assert "--wckey" not in slurm.render_script(cfg, folder) or cfg.slurm.wckey
 
 

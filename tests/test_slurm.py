@@ -124,6 +124,90 @@ def test_no_sbatch_on_path(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("key", ["ntasks_per_node", "ntasks-per-node", "ntasks_per_n", "nodes", "signal", "time", "array",
+                                 "gpus_per_node", "gres", "cpus_per_task", "mem", "requeue", "no_requeue", "output", "partition"])
+def test_additional_cannot_set_what_scaleout_sets(key):
+    """slurm.additional of an sbatch option scaleout sets itself (or an abbreviation sbatch would take for one) is
+    refused naming the key that decides it (issue 24.13: it broke one task per device and the MaxTime/signal checks)."""
+    with pytest.raises(ConfigError, match=rf"slurm\.additional\.{re.escape(key)} is not valid: scaleout sets --[a-z-]+ itself, from "):
+        slurm.executor_params(config.load(["target=slurm", f"slurm.additional={{{key}: 2}}"]))
+
+
+def test_additional_flags_and_nulls_render_as_sbatch_means_them(tmp_path):
+    """true is a bare flag; false and null leave the option out (they rendered as --hold=False, --comment=None)."""
+    cfg = config.load(["target=slurm", "slurm.additional={reservation: r1, hold: true, comment: null, overcommit: false, nice: 5}"])
+    lines = slurm.render_script(cfg, tmp_path / "%j").splitlines()
+    assert {"#SBATCH --reservation=r1", "#SBATCH --hold", "#SBATCH --nice=5"} <= set(lines)
+    assert not [l for l in lines if "comment" in l or "overcommit" in l or "None" in l or "False" in l], lines
+    with pytest.raises(ConfigError, match=r"slurm\.additional\.reservation=\[1, 2\] is not valid: give a string"):
+        slurm.executor_params(config.replace(cfg, {"slurm.additional": {"reservation": [1, 2]}}))
+
+
+def test_jobs_are_requeueable_and_signalled_as_configured(tmp_path):
+    """--requeue always (a cluster with JobRequeue=0 refuses submitit's `scontrol requeue` otherwise, issue 24.17),
+    and --signal follows slurm.signal_delay_s, not only at its default (issue 24.24)."""
+    script = slurm.render_script(config.load(["target=slurm", "slurm.signal_delay_s=45"]), tmp_path / "%j").splitlines()
+    assert "#SBATCH --requeue" in script and "#SBATCH --signal=USR2@45" in script
+    assert not [l for l in script if "@90" in l], script
+
+
+def test_a_home_interpreter_expands_on_the_node(tmp_path):
+    """slurm.python=~/... reaches the script with ~/ unquoted, so bash expands it on the node (it was quoted, and the
+    job died with `execve(): ~/...: No such file`); ~user/... is refused (issue 24.12)."""
+    script = slurm.render_script(config.load(["target=slurm", "slurm.python=~/my venv/bin/python"]), tmp_path / "%j")
+    srun = next(l for l in script.splitlines() if l.startswith("srun "))
+    assert " ~/'my venv/bin/python' -u -m submitit.core._submit " in srun, srun
+    home = subprocess.run(["bash", "-c", "printf %s ~/'my venv/bin/python'"], capture_output=True, text=True).stdout
+    assert home == os.path.expanduser("~/my venv/bin/python"), home
+    with pytest.raises(ConfigError, match=r"slurm\.python='~bob/venv/bin/python' is not valid: only a leading ~/"):
+        slurm.executor_params(config.load(["target=slurm", "slurm.python=~bob/venv/bin/python"]))
+
+
+def test_cells_with_another_interpreter_or_requeue_budget_get_their_own_array():
+    """A job array has one interpreter and one requeue budget for all its cells: cells that differ in them are not
+    grouped (a sweep over slurm.python ran every cell with the first cell's)."""
+    base = config.load(["target=slurm"])
+    keys = {slurm.resource_key(config.replace(base, u)) for u in
+            ({}, {"slurm.python": "~/py"}, {"slurm.python": "~/other"}, {"slurm.max_requeues": 7})}
+    assert len(keys) == 4
+
+
+def test_sinfo_gres_with_socket_lists(monkeypatch):
+    """`sinfo -o %G` of a node whose GPUs are bound to sockets, `gpu:a100:4(S:0,2)`: four GPUs, not a false
+    "no GPUs" refusal (the comma inside the parentheses split the entry; issue 24.18)."""
+    assert [slurm.gres_gpus(g) for g in ("gpu:a100:4(S:0,2)", "gpu:a100:4(S:0,2),nvme:1", "gpu:2,gpu:v100:2(S:0-1)",
+                                          "(null)", "gpu:h100:8(S:0-1),gpu:1")] == [4, 4, 4, 0, 9]
+    lines = "2|gpu:a100:4(S:0,2)|gpu|64\n1|gpu:a100:4(S:0,2),nvme:1|gpu|64\n"
+    assert slurm.parse_shape(lines, "gpu") == (3, 4, 64)
+    assert slurm.parse_shape(lines + "4|(null)|cpu*|8+\n", None) == (4, 0, 8)
+    monkeypatch.setattr(slurm, "partition_shape", lambda partition: slurm.parse_shape(lines, partition))
+    slurm.check_partition(config.load(["target=slurm", "slurm.partition=gpu", "devices=4", "slurm.devices_per_node=4",
+                                       "slurm.gpus_per_node=4", "slurm.cpus_per_task=16"]))
+
+
+def test_submitit_internals_are_touched_in_one_module_and_bounded():
+    """submitit's private API (its script rendering, JobPaths, its exceptions, result pickles) is used in
+    launch/targets/slurm/submitit_api.py only, and pyproject bounds submitit to the minor version tested, with the
+    pin inside the bound and installed (issue 24.19)."""
+    import importlib.metadata
+    import tomllib
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+    root = Path(__file__).resolve().parents[1]
+    private = ("_make_submission_file_text", "_submitit_command_str", "submitit.core", "JobPaths", "UncompletedJobError",
+               "def affinity", "result_pickle", "_result.pkl")
+    used = {(str(p.relative_to(root)), n) for p in (root / "launch").rglob("*.py") for n in private if n in p.read_text()}
+    assert {f for f, _ in used} == {"launch/targets/slurm/submitit_api.py"}, used
+    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    req = Requirement(next(d for d in deps if d.startswith("submitit")))
+    pin = next(l.split("==")[1].strip() for l in (root / "constraints.txt").read_text().splitlines() if l.startswith("submitit=="))
+    installed = importlib.metadata.version("submitit")
+    assert Version(pin) in req.specifier and installed == pin, (req, pin, installed)
+    assert Version("1.6.0") not in req.specifier and Version(f"{Version(pin).major}.{Version(pin).minor + 1}") not in req.specifier
+
+
 # --------------------------------------------------------------------------- the real cluster
 
 @pytest.mark.slow
@@ -313,3 +397,162 @@ def test_one_failing_task_ends_the_whole_job(cluster, tmp_path):
         assert " failed " in states[cell], text
         assert "steps" not in states[cell].split("failed", 1)[1] or "step 200/200" not in states[cell]
     assert "injected crash at step 3" in text
+
+
+def _jobs_named(name):
+    """Ids of the queued or running jobs called `name` (scaleout names a run's jobs scaleout-<run.name>)."""
+    p = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True)
+    return sorted(set(p.stdout.split()))
+
+
+@pytest.mark.slow
+def test_two_sweeps_at_once_submit_one_job_per_cell(cluster, tmp_path):
+    """Two `scaleout sweep` of the same run started together: one submits each cell, the other is refused in one
+    sentence, and exactly one job per cell is queued and recorded (issue 24.3: jobs.json kept one of two jobs and
+    `cancel` left the other pending). The winner says plainly that the job runs without it and how to follow it."""
+    name = f"race{os.getpid()}"  # the job name scaleout-<run.name> is unique to this test on the shared cluster
+    argv = [sys.executable, "-m", "launch", "sweep", *_args(tmp_path, f"run.name={name}", "sweep.devices=[1]",
+                                                             "sweep.frameworks=[jax]", "train.steps=50")]
+    env = {**os.environ, "SCALEOUT_FAULT": "hang@2"}
+    try:
+        procs = [subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                 for _ in range(2)]
+        outs = [p.communicate(timeout=300) for p in procs]
+        codes = sorted(p.returncode for p in procs)
+        queued = _jobs_named(f"scaleout-{name}")
+    finally:
+        subprocess.run(["scancel", "-n", f"scaleout-{name}"], capture_output=True)
+    assert codes == [0, 2], outs
+    assert len(queued) == 1, (queued, outs)
+    won, lost = (outs[0], outs[1]) if procs[0].returncode == 0 else (outs[1], outs[0])
+    err = lost[1].strip().splitlines()
+    assert len(err) == 1 and ("cell jax-d1 is being run by PID" in err[0] or "cell jax-d1 already has a live job" in err[0]), lost
+    run = tmp_path / "runs" / name
+    assert json.loads((run / "jobs.json").read_text())["cells"]["jax-d1"]["job_id"] == queued[0]
+    assert (config.load_resolved(run / "jax-d1" / "config.yaml").run.id == json.loads((run / "run.json").read_text())["id"])
+    assert f"cell jax-d1: submitted as SLURM job {queued[0]}" in won[0], won
+    assert "the job runs without this command (slurm.wait=false); follow with `scaleout status" in won[0], won
+
+
+@pytest.mark.slow
+def test_home_interpreter_and_a_task_that_fails_before_python(cluster, tmp_path):
+    """slurm.python=~/py runs (HOME is the job's; the trainer starts and fails with its own error), slurm.python=~/missing
+    fails before Python starts. `run ... slurm.wait=true` prints both cells' errors and exits 1; `status` shows them
+    (issue 24.12: the job died with `execve(): ~/...`, the launcher exited 1 saying nothing and status said
+    "ENDED unknown"; issue 30.7: the trainer's sentence only inside `logs`)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "py").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (home / "py").chmod(0o755)
+    p = run_cli(["sweep", *_args(tmp_path, "run.name=tilde", "sweep.devices=[1]", "sweep.frameworks=[jax]", "train.steps=3",
+                                 "slurm.wait=true", "sweep.extra={slurm.python: [~/py, ~/missing]}")],
+                cwd=tmp_path, env={"HOME": str(home), "SCALEOUT_FAULT": "crash@2:cell=jax-d1-python_py"}, timeout=600)
+    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
+    own = p.stderr.split("cell jax-d1-python_py failed (SLURM job ", 1)
+    assert len(own) == 2 and "injected crash at step 2" in own[1].split("cell jax-d1-python_missing", 1)[0], p.stderr
+    missing = p.stderr.split("cell jax-d1-python_missing failed (SLURM job ", 1)
+    assert len(missing) == 2 and f"execve(): {home}/missing: No such file or directory" in missing[1], p.stderr
+    states, text = _status(tmp_path, "tilde")
+    assert " failed " in states["jax-d1-python_py"] and " failed " in states["jax-d1-python_missing"], text
+    assert "injected crash at step 2" in text.split("jax-d1-python_py", 1)[1].split("jax-d1-python_missing", 1)[0], text
+    assert f"execve(): {home}/missing: No such file or directory" in text.split("jax-d1-python_missing", 1)[1], text
+
+
+@pytest.mark.slow
+def test_cpus_per_task_beyond_the_nodes_is_one_sentence(cluster, tmp_path):
+    """target=slurm's defaults ask 8 CPUs per task; on 2-CPU nodes the refusal names slurm.cpus_per_task and what
+    fits (issue 30.9: sbatch's "Requested node configuration is not available"). Nothing is written or submitted."""
+    p = run_cli(["run", "target=slurm", "slurm.gpus_per_node=0", f"run.dir={tmp_path}/runs", "run.name=cpu"], cwd=tmp_path)
+    cpus = int(subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True).stdout.split()[0].rstrip("+"))
+    assert p.returncode == 2 and p.stderr.strip() == (
+        f"scaleout: error: slurm.cpus_per_task=8 x 1 task(s) per node needs 8 CPUs on each node but the nodes of the "
+        f"default partition have at most {cpus} (sinfo); set slurm.cpus_per_task={cpus}."), p.stderr
+    p = run_cli(["run", *_args(tmp_path, "run.name=cpu", "devices=2", "slurm.cpus_per_task=2")], cwd=tmp_path)
+    assert p.returncode == 2 and "needs 4 CPUs on each node" in p.stderr and "set slurm.cpus_per_task=1." in p.stderr, p.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+# --------------------------------------------------------------------------- a cluster of its own with JobRequeue=0
+
+NOREQUEUE_PORTS = (6917, 6918)  # its slurmctld and slurmd; scripts/slurm-local.sh uses 6817, 6818, 6821, 6822
+
+
+@pytest.fixture(scope="module")
+def norequeue_cluster(cluster, tmp_path_factory):
+    """A second, private SLURM cluster on this host whose slurm.conf says JobRequeue=0 (a job is requeueable only if
+    submitted with --requeue), for the tests that need it. JobRequeue is a controller-wide setting, and changing it on
+    the shared cluster would make every other user's jobs non-requeueable meanwhile, so this cluster has its own
+    slurmctld and slurmd (its own ports, state, spool, logs and pid files under a temporary directory; the shared
+    munged), reached through SLURM_CONF by the test's commands and the jobs they submit. Both daemons run in the
+    foreground as this fixture's children and are stopped by it."""
+    host = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
+    d = tmp_path_factory.mktemp("norequeue")
+    mem = int(open("/proc/meminfo").read().split("MemTotal:")[1].split()[0]) // 1024 // 2
+    conf = d / "slurm.conf"
+    conf.write_text("\n".join([
+        "ClusterName=scaleout-norequeue", f"SlurmctldHost={host}", f"SlurmctldPort={NOREQUEUE_PORTS[0]}",
+        "AuthType=auth/munge", "AuthInfo=cred_expire=10", "SlurmUser=root", "SlurmdUser=root",
+        f"StateSaveLocation={d}/state", f"SlurmdSpoolDir={d}/spool/%n", f"SlurmctldLogFile={d}/slurmctld.log",
+        f"SlurmdLogFile={d}/slurmd-%n.log", f"SlurmctldPidFile={d}/slurmctld.pid", f"SlurmdPidFile={d}/slurmd-%n.pid",
+        "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core", "ReturnToService=2", "MpiDefault=none", "KillWait=10",
+        "SchedulerParameters=defer_batch=0",
+        "JobRequeue=0",
+        f"NodeName={host} Port={NOREQUEUE_PORTS[1]} CPUs={os.cpu_count()} RealMemory={mem} State=UNKNOWN",
+        f"PartitionName=norequeue Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES", ""]))
+    (d / "state").mkdir()
+    (d / "spool" / host).mkdir(parents=True)
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    daemons = [subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=d)
+               for argv in (["slurmctld", "-D", "-f", str(conf)], ["slurmd", "-D", "-N", host, "-f", str(conf)])]
+    try:
+        deadline = time.time() + 60
+        while True:
+            p = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True)
+            if p.returncode == 0 and p.stdout.strip() in ("idle", "mixed", "allocated"):
+                break
+            if time.time() > deadline or any(x.poll() is not None for x in daemons):
+                pytest.fail(f"the JobRequeue=0 cluster did not come up: {p.stdout} {p.stderr}; see {d}/*.log")
+            time.sleep(0.5)
+        yield {"SLURM_CONF": str(conf)}
+    finally:
+        subprocess.run(["scancel", "--user=root"], env=env, capture_output=True)  # only this private cluster's jobs
+        for x in daemons:
+            x.terminate()
+        for x in daemons:
+            try:
+                x.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                x.kill()
+
+
+@pytest.mark.slow
+def test_preemption_resumes_on_a_cluster_with_jobrequeue_0(norequeue_cluster, tmp_path):
+    """On a cluster with JobRequeue=0, a job is requeueable only when submitted with --requeue; scaleout's is, so
+    USR2 (a preemption or the time limit coming) makes the trainer save and stop, submitit's `scontrol requeue`
+    succeeds, and the cell resumes from its checkpoint (issue 24.17: without the flag the requeue fails with
+    ESLURM_DISABLED and the job dies instead)."""
+    env = norequeue_cluster
+    p = run_cli(["run", *_args(tmp_path, "run.name=nrq", "train.steps=6", "checkpoint.every=0", "checkpoint.async=false")],
+                cwd=tmp_path, env={**env, "SCALEOUT_FAULT": "hold@3"})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    run = tmp_path / "runs" / "nrq"
+    job_id = json.loads((run / "jobs.json").read_text())["cells"]["jax-d1"]["job_id"]
+    metrics = run / "jax-d1" / "metrics.jsonl"
+    show = subprocess.run(["scontrol", "show", "job", job_id], env={**os.environ, **env}, capture_output=True, text=True).stdout
+    assert "Requeue=1" in show, show
+    deadline = time.time() + 300
+    while not metrics.is_file() or metrics.read_text().count('"kind": "step"') < 2:
+        assert time.time() < deadline, "the job wrote no 2 steps in 300 s"
+        time.sleep(0.3)
+    subprocess.run(["scancel", "--signal=USR2", job_id], env={**os.environ, **env}, check=True)
+    deadline = time.time() + 600
+    while subprocess.run(["squeue", "-h", "-j", job_id], env={**os.environ, **env}, capture_output=True, text=True).stdout.strip():
+        assert time.time() < deadline, "the job was still queued 600 s after USR2"
+        time.sleep(2)
+    sums = [json.loads(l) for l in metrics.read_text().splitlines() if '"kind": "summary"' in l]
+    status = run_cli(["status", str(run)], cwd=tmp_path, env=env).stdout
+    assert len(sums) == 2, (sums, status)
+    assert sums[0]["status"] == "stopped" and sums[0]["steps"] == 3, sums
+    assert sums[1]["status"] == "ok" and sums[1]["resumed_from_step"] == 3 and sums[1]["steps"] == 6, sums
+    assert "requeued 1x" in status and " ok " in status, status

@@ -617,3 +617,24 @@ def test_ssh_going_away_does_not_stop_the_remote_command(tmp_path, fake):
         ssh.kill()
         fake.delete_vm("q-my-vm")  # the VM goes, and its processes with it
     wait_for(lambda: fake.node_processes("my-vm") == [], 10, "the deleted VM's processes to end")
+
+
+def test_a_home_interpreter_expands_on_the_workers(tmp_path):
+    """tpu.python=~/... reaches the workers' shell with ~/ unquoted (it was quoted, so it never expanded): the
+    Python check, run here by bash with the worker's HOME, finds it; ~user/... is refused (issue 24.12)."""
+    from launch import config
+    from launch.config import ConfigError
+    from launch.targets.tpu import target as tpu
+    cfg = config.load(["target=tpu", "devices=4", "tpu.generation=v4", "tpu.python=~/py/bin/python"])
+    c = tpu.Commands(cfg, "v", "c")
+    home = tmp_path / "home"
+    (home / "scaleout" / "v").mkdir(parents=True)
+    (home / "py" / "bin").mkdir(parents=True)
+    os.symlink(sys.executable, home / "py" / "bin" / "python")
+    check = c.check_python()[-1].split("--command=", 1)[1]
+    p = subprocess.run(["bash", "-c", check], cwd=home, env={"HOME": str(home), "PATH": os.environ["PATH"]},
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "~/py/bin/python -m jaxrun --config" in c.start("j")[-1]
+    with pytest.raises(ConfigError, match=r"tpu\.python='~bob/x' is not valid: only a leading ~/"):
+        tpu.validate(config.load(["target=tpu", "devices=4", "tpu.generation=v4", "tpu.python=~bob/x"]))

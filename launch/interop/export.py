@@ -222,14 +222,23 @@ def _read_dcp(d: Path) -> Dict[str, np.ndarray]:
     import torch
     import torch.distributed.checkpoint as dcp
 
-    meta = dcp.FileSystemReader(str(d)).read_metadata()
-    want = {k[len("model."):]: v for k, v in meta.state_dict_metadata.items() if k.startswith("model.")}
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from launch.interop import dcp_reader
+    reader = dcp_reader.reader(str(d))  # never pickle.load: the checkpoint may come from anyone
+    try:
+        meta = reader.read_metadata()
+    except dcp_reader.UnsafeMetadata as e:
+        raise ExportError(f"the checkpoint {d} has a .metadata that names {e}, which a DCP checkpoint does not "
+                          "hold; it was not written by scaleout's PyTorch trainer, and is not read.") from None
+    want = {k[len("model."):]: v for k, v in meta.state_dict_metadata.items()
+            if k.startswith("model.") and isinstance(v, TensorStorageMetadata)}
     if not want:
         raise ExportError(f"the checkpoint {d} holds no model.* tensors; it was not written by scaleout's PyTorch trainer.")
     state = {"model": {k: torch.empty(tuple(v.size), dtype=v.properties.dtype) for k, v in want.items()}}
     with warnings.catch_warnings():  # DCP warns that it loads without a process group: that is the intent
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-        dcp.load(state, checkpoint_id=str(d), no_dist=True)
+        dcp.load(state, storage_reader=reader, no_dist=True)
     return {_canonical(k): v.detach().float().numpy() for k, v in state["model"].items()}
 
 

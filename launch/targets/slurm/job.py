@@ -12,10 +12,16 @@ returns a `DelayedSubmission` of itself: submitit requeues the job and the train
 the checkpoint. A job that SLURM ends with SIGTERM instead (preemption without
 `PreemptParameters=send_user_signal`), or `scancel`, reaches every process of the step as SIGTERM:
 submitit's task ignores it and the trainer handles it the same way (save after the step, exit).
+
+Every task writes what became of it to `<run>/slurm/<job id>/<job id>_<task>_outcome.json`
+(`files.TASK_OUTCOME`): `ok` / `stopped` (the trainer's summary), `failed` (the trainer's exit code,
+or the error that ended the task), `requeued`, or `timed out` (submitit did not requeue: more
+than slurm.max_requeues time limits). `scaleout status` reads that JSON, never submitit's result pickle.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import subprocess
@@ -25,9 +31,14 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from launch.common import envvars, files
+from launch.targets.slurm import submitit_api
 
 TRAINER_MODULES = {"jax": "jaxrun", "torch": "torchrun_fsdp"}
 SAVE_MARGIN_S = 10.0  # what checkpoint() leaves of the signal delay for submitit to requeue
+
+
+class TrainerFailed(RuntimeError):
+    """The trainer exited with a non-zero code (its own error is in its log and metrics)."""
 
 
 class CellJob:
@@ -64,6 +75,21 @@ class CellJob:
         return env
 
     def __call__(self) -> Dict[str, Any]:
+        try:
+            result = self._run()
+        except SystemExit:  # submitit requeued the job (task 0, after checkpoint()) and exits this task
+            self._outcome("requeued")
+            raise
+        except BaseException as e:
+            if submitit_api.not_requeued(e):
+                self._outcome("timed out", str(e))
+            elif not isinstance(e, TrainerFailed):
+                self._outcome("failed", f"{type(e).__name__}: {e}".strip().splitlines()[0])
+            raise
+        self._outcome(result["status"] or "ok", steps=result["steps"])
+        return result
+
+    def _run(self) -> Dict[str, Any]:
         env = self.trainer_env()
         rank = env.get("SLURM_PROCID", "?")
         argv = [sys.executable, "-m", TRAINER_MODULES[self.framework], "--config", str(Path(self.cell_dir) / files.CONFIG_NAME)]
@@ -80,9 +106,25 @@ class CellJob:
             time.sleep(0.2)
         code = self._child.returncode
         if code:
-            raise RuntimeError(f"the {self.framework} trainer (task {rank}) exited with code {code}; see {self.cell_dir}/{files.METRICS_NAME}")
+            why = f"the {self.framework} trainer (task {rank}) exited with code {code}; see {self.cell_dir}/{files.METRICS_NAME}"
+            self._outcome("failed", why, code=code)
+            raise TrainerFailed(why)
         summary = files.last_summary(self.cell_dir) or {}
         return {"status": summary.get("status"), "steps": summary.get("steps")}
+
+    def _outcome(self, state: str, error: Optional[str] = None, **more: Any) -> None:
+        """This task's `<job id>_<task>_outcome.json` (best effort: a task must not fail for its record)."""
+        job_id = os.environ.get("SLURM_ARRAY_JOB_ID") and f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID')}"
+        job_id = job_id or os.environ.get("SLURM_JOB_ID")
+        task = os.environ.get("SLURM_PROCID", "0")
+        if not job_id:
+            return
+        path = Path(self.cell_dir).parent / files.SLURM_DIR / job_id / files.TASK_OUTCOME.format(job=job_id, task=task)
+        try:
+            files.write_json(path, {"job_id": job_id, "task": int(task), "state": state, "error": error, **more,
+                                    "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
+        except OSError:
+            pass
 
     def checkpoint(self, *args, **kwargs):
         """USR2 (preemption / time limit): the trainer saves after its current step and exits; then requeue."""

@@ -31,14 +31,15 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from launch.common import files
 from launch.config import ConfigError
 from launch.config.schema import Config
+from launch.targets import shell
 from launch.targets.base import Cell, JobInfo, Outcome
 from launch.targets.errors import SubmitError
-from launch.targets.slurm import queue
+from launch.targets.slurm import queue, submitit_api
 
 log = logging.getLogger(__name__)
 NAME_RE = re.compile(r"[A-Za-z0-9_.,:=+@%/\-\[\]&|*!]+")  # partitions, accounts, QOS, constraints, features
 KEY_RE = re.compile(r"[a-z][a-z0-9_-]*")
-FOLDER = "slurm"  # <run>/slurm/<job id>/: submitit's pickles and the tasks' logs
+FOLDER = files.SLURM_DIR  # <run>/slurm/<job id>/: submitit's files, the tasks' logs and outcomes
 
 
 # --------------------------------------------------------------------------- validation + parameters
@@ -58,13 +59,7 @@ def shape(cfg: Config) -> Tuple[int, int]:
     return cfg.devices // per_node, per_node
 
 
-def shell_word(word: str) -> str:
-    """One word quoted for the shell, a leading `~` or `~/` left to expand to the home directory."""
-    if word == "~":
-        return "~"
-    if word.startswith("~/"):
-        return "~/" + shlex.quote(word[2:]) if word[2:] else "~/"
-    return shlex.quote(word)
+shell_word = shell.word  # `~/...` still expands on the node
 
 
 def setup_lines(cfg: Config) -> List[str]:
@@ -96,18 +91,57 @@ def gpu_request(cfg: Config) -> Dict[str, Any]:
     return {"gpus_per_task": 1} if s.gpu_binding == "task" else {"gpus_per_node": per_node}
 
 
+# sbatch options scaleout sets itself (or must not be changed behind its back), as slurm.additional keys
+# (dashes as underscores), with what decides them instead. sbatch takes any unambiguous prefix of a long
+# option, so a key that is a prefix of one of these is refused too.
+OWN_OPTIONS = {
+    **dict.fromkeys(("nodes", "ntasks", "ntasks_per_node", "ntasks_per_core", "ntasks_per_socket", "ntasks_per_gpu",
+                     "array"), "devices and slurm.devices_per_node (one task per device; a sweep's cells of one shape "
+                               "share a job array)"),
+    **dict.fromkeys(("gpus", "gpus_per_node", "gpus_per_task", "gpus_per_socket", "gres", "cpus_per_gpu"),
+                    "slurm.gpus_per_node and slurm.gpu_binding"),
+    "cpus_per_task": "slurm.cpus_per_task",
+    **dict.fromkeys(("mem", "mem_per_cpu", "mem_per_gpu"), "slurm.mem_gb"),
+    "time": "slurm.time_min", "signal": "slurm.signal_delay_s", "job_name": "run.name",
+    **dict.fromkeys(("partition", "account", "qos", "constraint", "exclusive", "wckey"), "slurm.{key}"),
+    **dict.fromkeys(("requeue", "no_requeue"), "scaleout itself (it submits with --requeue so that a preempted or "
+                                               "timed-out job resumes from its checkpoint)"),
+    **dict.fromkeys(("output", "error", "open_mode", "wrap", "parsable", "test_only"),
+                    "scaleout itself (where the tasks' logs go, what is run)"),
+}
+
+
+def _additional(s: Any) -> Dict[str, Any]:
+    """slurm.additional as submitit's additional_parameters: keys checked against OWN_OPTIONS, true as a bare
+    flag, false and null left out (sbatch's meaning: the option not given)."""
+    extra: Dict[str, Any] = {}
+    for k, v in s.additional.items():
+        if not KEY_RE.fullmatch(str(k)):
+            raise ConfigError(f"slurm.additional key {k!r} is not valid: sbatch options are lower-case words like 'reservation'.")
+        norm = str(k).replace("-", "_")
+        own = next((o for o in OWN_OPTIONS if o == norm), None) or next((o for o in OWN_OPTIONS if o.startswith(norm)), None)
+        if own:
+            by = OWN_OPTIONS[own].format(key=own)
+            raise ConfigError(f"slurm.additional.{k} is not valid: scaleout sets --{own.replace('_', '-')} itself, from {by}; "
+                              "remove it from slurm.additional.")
+        if v is None or v is False:
+            continue
+        if isinstance(v, (list, dict)):
+            raise ConfigError(f"slurm.additional.{k}={v!r} is not valid: give a string, a number, or true for a flag "
+                              "(false or null leaves the option out).")
+        if v is not True:
+            _check_name(f"slurm.additional.{k}", str(v))
+        extra[k] = v
+    return extra
+
+
 def executor_params(cfg: Config) -> Dict[str, Any]:
     """The parameters of submitit's SlurmExecutor for this cell (sbatch's own names)."""
     s = cfg.slurm
     for key in ("partition", "account", "qos", "constraint"):
         _check_name(f"slurm.{key}", getattr(s, key))
-    extra = {}
-    for k, v in s.additional.items():
-        if not KEY_RE.fullmatch(str(k)):
-            raise ConfigError(f"slurm.additional key {k!r} is not valid: sbatch options are lower-case words like 'reservation'.")
-        if v is not True:
-            _check_name(f"slurm.additional.{k}", str(v))
-        extra[k] = v
+    extra = _additional(s)
+    _python(cfg)
     nodes, per_node = shape(cfg)
     params: Dict[str, Any] = {
         "job_name": f"scaleout-{cfg.run.name}",
@@ -131,43 +165,39 @@ def executor_params(cfg: Config) -> Dict[str, Any]:
         params["exclusive"] = True
     params["signal_delay_s"] = s.signal_delay_s
     params["wckey"] = s.wckey or None  # None: no --wckey line (submitit would send --wckey=submitit)
-    if extra:
-        params["additional_parameters"] = extra
+    # --requeue: on a cluster with JobRequeue=0 a job is otherwise not requeueable, and submitit's
+    # `scontrol requeue` after USR2 fails: the job would end at its time limit instead of resuming.
+    params["additional_parameters"] = {"requeue": True, **extra}
     return params
 
 
 def resource_key(cfg: Config) -> str:
-    """Cells with equal keys can share one job array."""
+    """Cells with equal keys can share one job array: the same sbatch parameters, and the same executor settings
+    besides them (the interpreter, the requeue budget), which an array has once for all its cells."""
     p = executor_params(cfg)
     p.pop("job_name", None)
+    p.update(python=_python(cfg), max_requeues=cfg.slurm.max_requeues)
     return repr(sorted(p.items()))
 
 
 def _python(cfg: Config) -> str:
-    return shlex.quote(cfg.slurm.python or sys.executable)
+    """The interpreter the tasks run: slurm.python (a leading ~/ expands on the node) or this one."""
+    if cfg.slurm.python:
+        shell.check_interpreter("slurm.python", cfg.slurm.python)
+        return shell.word(cfg.slurm.python)
+    return shlex.quote(sys.executable)
 
 
 def build_executor(cfg: Config, folder: Path):
     """The submitit executor of a cell: used to render the plan and to submit (one code path)."""
-    import submitit
-
-    class Executor(submitit.SlurmExecutor):
-        """submitit's SlurmExecutor, but rendering its script does not need `srun` on this machine
-        (`scaleout plan target=slurm` works anywhere; submitting still needs sbatch: preflight)."""
-
-        @classmethod
-        def affinity(cls) -> int:
-            return 2
-
-    ex = Executor(folder=str(folder), max_num_timeout=cfg.slurm.max_requeues, python=_python(cfg))
+    ex = submitit_api.executor(folder, cfg.slurm.max_requeues, _python(cfg))
     ex.update_parameters(**executor_params(cfg))
     return ex
 
 
 def render_script(cfg: Config, folder: Path) -> str:
     """The sbatch script the cell's executor submits (submitit's own rendering of it)."""
-    ex = build_executor(cfg, folder)
-    return ex._make_submission_file_text(ex._submitit_command_str, "plan")  # the method submit() itself uses
+    return submitit_api.render(build_executor(cfg, folder))
 
 
 def check_sbatch() -> None:
@@ -183,43 +213,72 @@ def sbatch_refusal(text: str) -> str:
     return (errors or failures or lines or ["no reason given"])[0]
 
 
-def partition_shape(partition: Optional[str]) -> Optional[Tuple[int, int]]:
-    """(nodes, the most GPUs (GRES gpu) on one node) of the partition, or of the default one, per `sinfo`;
-    None when sinfo cannot tell."""
-    argv = ["sinfo", "-h", "-o", "%D|%G|%P"] + (["-p", partition] if partition else [])
+GRES_ITEM = re.compile(r"gpu(?::[^:(),]+)?:(\d+)(?:\([^()]*\))?")  # gpu:4, gpu:a100:4, gpu:a100:4(S:0,2)
+
+
+def gres_gpus(gres: str) -> int:
+    """The GPUs one node's `sinfo -o %G` entry names (`gpu:a100:4(S:0,2),nvme:1` -> 4); commas inside a socket
+    list `(S:0,2)` do not separate entries."""
+    return sum(int(m.group(1)) for m in (GRES_ITEM.fullmatch(item.strip()) for item in re.split(r",(?![^()]*\))", gres)) if m)
+
+
+def sinfo_cpus(field: str) -> int:
+    """sinfo's %c: `2`, or `8+` when the nodes differ (the smallest count, then `+`)."""
+    digits = field.strip().rstrip("+")
+    return int(digits) if digits.isdigit() else 0
+
+
+def parse_shape(text: str, partition: Optional[str]) -> Tuple[int, int, int]:
+    """(nodes, the most GPUs on one node, the most CPUs on one node) from `sinfo -h -o %D|%G|%P|%c` lines;
+    without a partition only the default one (marked *) counts."""
+    nodes = gpus = cpus = 0
+    for line in text.splitlines():
+        count, gres, part, cpu = (line.strip().split("|") + ["", "", ""])[:4]
+        if not partition and not part.endswith("*"):
+            continue  # without slurm.partition the job goes to the default partition (marked *)
+        nodes += int(count) if count.isdigit() else 0
+        gpus = max(gpus, gres_gpus(gres))
+        cpus = max(cpus, sinfo_cpus(cpu))
+    return nodes, gpus, cpus
+
+
+def partition_shape(partition: Optional[str]) -> Optional[Tuple[int, int, int]]:
+    """(nodes, the most GPUs (GRES gpu) on one node, the most CPUs on one node) of the partition, or of the
+    default one, per `sinfo`; None when sinfo cannot tell."""
+    argv = ["sinfo", "-h", "-o", "%D|%G|%P|%c"] + (["-p", partition] if partition else [])
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if p.returncode or not p.stdout.strip():
         return None
-    nodes = gpus = 0
-    for line in p.stdout.splitlines():
-        count, gres, part = (line.strip().split("|") + ["", ""])[:3]
-        if not partition and not part.endswith("*"):
-            continue  # without slurm.partition the job goes to the default partition (marked *)
-        nodes += int(count) if count.isdigit() else 0
-        for item in gres.split(","):
-            m = re.fullmatch(r"gpu(?::[^:()]+)?:(\d+)(?:\(.*\))?", item.strip())
-            if m:
-                gpus = max(gpus, int(m.group(1)))
-    return nodes, gpus
+    return parse_shape(p.stdout, partition)
 
 
 def check_partition(cfg: Config) -> None:
-    """Nodes and GPUs asked for against what the partition has, in words that name the keys
+    """Nodes, CPUs and GPUs asked for against what the partition has, in words that name the keys
     (sbatch would say "Requested node configuration is not available", or queue the job forever)."""
     shape_now = partition_shape(cfg.slurm.partition)
     if shape_now is None:
         return
-    have_nodes, have_gpus = shape_now
+    have_nodes, have_gpus, have_cpus = shape_now
     nodes, per_node = shape(cfg)
     where = f"partition {cfg.slurm.partition}" if cfg.slurm.partition else "the default partition"
     if have_nodes and nodes > have_nodes:
         raise SubmitError(f"devices={cfg.devices} needs {nodes} nodes of slurm.devices_per_node={cfg.slurm.devices_per_node} "
                           f"but {where} has {have_nodes}; use fewer devices or more tasks per node.")
-    if not gpu_request(cfg):
-        return
+    if gpu_request(cfg):
+        check_gpus(cfg, where, have_gpus, per_node)
+    want_cpus = cfg.slurm.cpus_per_task * per_node
+    if have_cpus and want_cpus > have_cpus:
+        fit = have_cpus // per_node
+        fix = (f"set slurm.cpus_per_task={fit}" if fit >= 1 else
+               f"set slurm.cpus_per_task=1 and slurm.devices_per_node={have_cpus} or fewer")
+        raise SubmitError(f"slurm.cpus_per_task={cfg.slurm.cpus_per_task} x {per_node} task(s) per node needs {want_cpus} CPUs "
+                          f"on each node but the nodes of {where} have at most {have_cpus} (sinfo); {fix}.")
+
+
+def check_gpus(cfg: Config, where: str, have_gpus: int, per_node: int) -> None:
     if have_gpus == 0:
         raise SubmitError(f"slurm.gpus_per_node={cfg.slurm.gpus_per_node} but the nodes of {where} have no GPUs (GRES gpu) "
                           "according to sinfo; pick a GPU partition with slurm.partition=... or set slurm.gpus_per_node=0.")
@@ -290,6 +349,41 @@ def test_submit(cfg: Config, folder: Path, cell: str) -> None:
         raise SubmitError(f"sbatch refused the job for cell {cell}: {sbatch_refusal(p.stderr + p.stdout)}")
 
 
+# --------------------------------------------------------------------------- what became of a job
+
+OUTCOME_STATES = {"ok": "COMPLETED", "stopped": "COMPLETED", "failed": "FAILED", "timed out": "TIMEOUT"}
+
+
+def _tasks(run_dir: Path, cell: str) -> int:
+    """The cell's tasks (one per device), from its config; 1 when that cannot be read."""
+    from launch import config as config_mod
+    try:
+        return max(1, config_mod.load_resolved(Path(run_dir) / cell / files.CONFIG_NAME).devices)
+    except ConfigError:
+        return 1
+
+
+def ended_job(run_dir: Path, cell: str, job_id: str, final: Optional[str], cancelled: bool, requeues: int) -> JobInfo:
+    """A job that left the queue, judged from accounting (`final`, if it works) and what its tasks wrote:
+    their JSON outcomes or, for tasks that failed before Python started, the error lines of their logs."""
+    tasks = _tasks(run_dir, cell)
+    outcomes = [queue.outcome(run_dir, job_id, t) for t in range(tasks)]
+    first = outcomes[0] or next((o for o in outcomes if o), None)
+    errors = [str(o["error"]) for o in outcomes if o and o["state"] == "failed" and o.get("error")]
+    timed_out = bool(first) and first["state"] == "timed out"
+    if first is None and not cancelled:
+        errors = queue.log_errors(run_dir, job_id, tasks)
+    if cancelled:
+        word = "CANCELLED"
+    elif first is None:
+        word = "FAILED" if errors else "ENDED"
+    else:
+        word = OUTCOME_STATES.get(first["state"], "ENDED")
+        word = "FAILED" if errors and word == "COMPLETED" else word
+    return JobInfo(job_id, final or word, False, requeues=requeues, timed_out=timed_out,
+                   error=[] if timed_out else list(dict.fromkeys(errors))[-4:])
+
+
 # --------------------------------------------------------------------------- the target
 
 class SlurmTarget:
@@ -317,7 +411,7 @@ class SlurmTarget:
     def run(self, cells: Sequence[Cell], run_dir: Path) -> List[Outcome]:
         ids = submit(cells, run_dir)
         for name, job_id in ids.items():
-            log.info(f"cell {name}: submitted as SLURM job {job_id}")
+            log.info(f"cell {name}: submitted as SLURM job {job_id}" + (", waiting for it (slurm.wait=true)" if cells[0].cfg.slurm.wait else ""))
         cfg = cells[0].cfg
         if not cfg.slurm.wait:
             return [Outcome(c.name, "submitted", 0, f"job {ids[c.name]}") for c in cells]
@@ -344,26 +438,16 @@ class SlurmTarget:
                 state = live[job_id]
                 out[name] = JobInfo(job_id, state, True, pending=state.split()[0] in queue.LIVE_PENDING, requeues=requeues)
                 continue
-            result = queue.result_of(j["folder"], job_id)
-            error = result[0] == "error" if result else False
-            text = str(result[1]) if error else ""
-            state = final.get(job_id) or ("CANCELLED" if j.get("cancelled") else "FAILED" if error
-                                          else "COMPLETED" if result else "ENDED")
-            info = JobInfo(job_id, state, False, requeues=requeues, timed_out="timed-out too many times" in text)
-            if error:
-                info.error = [l for l in text.splitlines() if l.strip()][-4:]
-            out[name] = info
+            out[name] = ended_job(run_dir, name, job_id, final.get(job_id), j["cancelled"], requeues)
         return out
 
     def log_files(self, run_dir: Path, cell: str) -> List[Path]:
         j = queue.read_jobs(run_dir).get(cell)
         if not j:
             return []
-        from launch import config as config_mod
-        tasks = config_mod.load_resolved(Path(run_dir) / cell / files.CONFIG_NAME).devices
         paths: List[Path] = []
-        for job_id in j.get("history", [j["job_id"]]):
-            paths += queue.log_paths(j["folder"], job_id, tasks)
+        for job_id in j["history"]:
+            paths += queue.log_paths(run_dir, job_id, _tasks(run_dir, cell))
         return paths
 
     def cancel(self, run_dir: Path, cells: Sequence[str]) -> Dict[str, str]:
@@ -398,13 +482,12 @@ def submit(cells: Sequence[Cell], run_dir: Path) -> Dict[str, str]:
             ex = build_executor(group[0].cfg, folder)
             try:
                 with ex.batch():
-                    jobs = [ex.submit(CellJob(str(c.dir), c.framework, ex.parameters["signal_delay_s"]))
-                            for c in group]
+                    jobs = [ex.submit(CellJob(str(c.dir), c.framework, c.cfg.slurm.signal_delay_s)) for c in group]
             except Exception as e:  # submitit wraps sbatch's refusal (FailedJobError / CalledProcessError)
                 raise SubmitError(f"sbatch refused the job for cell(s) {', '.join(c.name for c in group)}: "
                                   f"{sbatch_refusal(str(e))}") from None
             ids.update({c.name: job.job_id for c, job in zip(group, jobs)})
     finally:
         if ids:
-            queue.record(run_dir, ids, folder)
+            queue.record(run_dir, ids)
     return ids

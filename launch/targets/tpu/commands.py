@@ -33,6 +33,7 @@ from launch import config as config_mod
 from launch.common import envvars, files
 from launch.common.files import CONFIG_NAME
 from launch.config.schema import Config
+from launch.targets import shell
 from launch.targets.tpu.shapes import MIN_PYTHON, VENV_PYTHON, is_unset, runtime_version, slice_of, zone
 
 REMOTE_ROOT = "scaleout"  # under the worker's home
@@ -162,7 +163,7 @@ class Commands:
         code = (f"import sys; v = sys.version_info[:2]; "
                 f'sys.exit(0 if v >= {MIN_PYTHON!r} else {json.dumps(old)}.replace("@VERSION@", "%d.%d" % v))')
         return self.ssh("all", self._in_code(
-            f"command -v {q(py)} >/dev/null 2>&1 || {{ echo {q(missing)} >&2; exit 2; }}; {q(py)} -c {q(code)}"))
+            f"command -v {shell.word(py)} >/dev/null 2>&1 || {{ echo {q(missing)} >&2; exit 2; }}; {shell.word(py)} -c {q(code)}"))
 
     def free_chips(self) -> List[str]:
         """What MaxText's runner does: kill whatever holds the TPU chips, wait until it is gone, remove
@@ -190,7 +191,7 @@ class Commands:
         status) and runs the trainer with default signal handling."""
         pid, exit_, log = (q(self.job_file(job, e)) for e in ("pid", "exit", "log"))
         env = f"{envvars.DISTRIBUTED}=tpu PYTHONUNBUFFERED=1 {envvars.LOG_LEVEL}={os.environ.get(envvars.LOG_LEVEL, 'INFO')}"
-        trainer = shlex.join([self.python, "-m", "jaxrun", "--config", f"{self.cell_rel}/{CONFIG_NAME}"])
+        trainer = shell.word(self.python) + " " + shlex.join(["-m", "jaxrun", "--config", f"{self.cell_rel}/{CONFIG_NAME}"])
         leader = "; ".join([f"echo $$ > {pid}", "trap '' TERM", f"( trap - TERM; exec env {env} {trainer} )",
                             f"echo $? > {exit_}.tmp", f"mv {exit_}.tmp {exit_}"])
         return self.ssh("all", self._in_code(

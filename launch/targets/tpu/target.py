@@ -48,7 +48,7 @@ from launch.common.files import CONFIG_NAME, METRICS_NAME
 from launch.config import ConfigError
 from launch.config.schema import Config
 from launch.core import profile
-from launch.targets import procs
+from launch.targets import procs, shell
 from launch.targets.base import Cell, ForegroundTarget, JobInfo, Outcome, exit_code
 from launch.targets.errors import SubmitError
 from launch.targets.tpu.commands import STATE_MARK, Commands, build_archive
@@ -62,6 +62,8 @@ VERSION_RE = re.compile(r"[a-z0-9][-a-z0-9._]*")
 PLACEHOLDER_RE = re.compile(r"change-?me", re.IGNORECASE)
 JOB_RECORD = files.TPU_JOB_FILE  # <cell>/JOB_RECORD: the cell's slice and detached job
 FOLLOW = Path(__file__).with_name("follow.py")
+VERSION_ID_RE = re.compile(r"[0-9a-f]{12}")  # commands.build_archive: the archive's content hash
+JOB_ID_RE = re.compile(r"\d{8}T\d{6}-[0-9a-f]{4}")  # new_job_id()
 DESCRIBE_RETRIES = 5  # consecutive failed `describe` calls tolerated while waiting for ACTIVE
 DELETE_ATTEMPTS = 4
 FOLLOW_RETRIES = 5  # consecutive lost ssh connections tolerated per worker while following
@@ -84,6 +86,8 @@ def validate(cfg: Config, checkpoints: bool = True) -> None:
         raise ConfigError(f"tpu.project={t.project!r} is not a valid GCP project id: 6-30 lower-case letters, digits and hyphens, starting with a letter.")
     if t.runtime_version is not None and not VERSION_RE.fullmatch(t.runtime_version):
         raise ConfigError(f"tpu.runtime_version={t.runtime_version!r} is not valid; write e.g. v2-alpha-tpuv5-lite.")
+    if t.python:
+        shell.check_interpreter("tpu.python", t.python)
     for i, entry in enumerate(t.setup or []):
         try:
             shlex.split(entry)
@@ -244,8 +248,33 @@ class Record:
 
     @staticmethod
     def load(cell_dir: Path) -> Optional["Record"]:
-        data = files.read_json(Path(cell_dir) / JOB_RECORD)
-        return Record(cell_dir, data) if isinstance(data, dict) else None
+        """The cell's record, or None when there is none or it is not one this target wrote (a run directory
+        may come from anyone: its values reach gcloud commands and remote paths only once checked here)."""
+        path = Path(cell_dir) / JOB_RECORD
+        data = files.read_json(path)
+        if data is None:
+            return None
+        why = Record.damage(data)
+        if why:
+            log.warning(f"{path}: ignored, {why}")
+            return None
+        return Record(cell_dir, data)
+
+    @staticmethod
+    def damage(data: Any) -> Optional[str]:
+        """Why `data` is not a record this target wrote, or None."""
+        if not isinstance(data, dict):
+            return "not a JSON object"
+        if not (isinstance(data.get("version"), str) and VERSION_ID_RE.fullmatch(data["version"])):
+            return "its version is not a code version"
+        if data.get("job") is not None and not (isinstance(data["job"], str) and JOB_ID_RE.fullmatch(data["job"])):
+            return "its job is not a job id"
+        if type(data.get("workers")) is not int or data["workers"] < 1:
+            return "its workers is not a positive number"
+        offsets = data.get("log_offsets")
+        if offsets is not None and not (isinstance(offsets, list) and all(type(o) is int and o >= 0 for o in offsets)):
+            return "its log_offsets are not byte offsets"
+        return None
 
     def save(self, **updates: Any) -> None:
         self.data.update(updates)
@@ -446,7 +475,8 @@ def run_cell(cell: Cell) -> Outcome:
 # --------------------------------------------------------------------------- a later `status`
 
 def _attached(cell_dir: Path) -> Optional[str]:
-    """Who holds the cell's lock (a launcher that still follows the cell), or None."""
+    """Who holds the cell's lock (a launcher that still follows the cell), or None; this process's own lock
+    (a launcher checking, under the lock it just took, that no job of the cell is live) does not count."""
     path = cell_dir / files.LOCK_FILE
     if not path.is_file():
         return None
@@ -454,7 +484,8 @@ def _attached(cell_dir: Path) -> Optional[str]:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            return f.read().strip() or "another launcher"
+            who = f.read().strip()
+            return None if who == files.holder() else who or "another launcher"
         fcntl.flock(f, fcntl.LOCK_UN)
     return None
 
@@ -477,7 +508,13 @@ def probe(c: Commands, job: str, workers: int) -> List[str]:
 
 
 def _cell_commands(cell_dir: Path, rec: Record) -> Tuple[Commands, Config]:
+    """The commands of a cell found in a run directory (`status`, `logs`, `cancel`): its tpu.gcloud must be a
+    program outside that run directory, which may have been written by anyone."""
     cfg = config_mod.load_resolved(cell_dir / CONFIG_NAME)
+    found = shutil.which(cfg.tpu.gcloud)
+    if found is None or Path(cell_dir).parent.resolve() in Path(found).resolve().parents:
+        raise SubmitError(f"tpu.gcloud={cfg.tpu.gcloud!r} of cell {cell_dir.name} is not a program on PATH outside "
+                          f"the run directory; scaleout does not run programs a run directory names.")
     return Commands(cfg, rec.version, cell_dir.name), cfg
 
 
@@ -503,11 +540,15 @@ def _finish(cell_dir: Path, rec: Record, result: str, stop: bool = False) -> Lis
 
 
 def job_info(cell_dir: Path, rec: Record) -> JobInfo:
-    jid = rec.job or rec.node or "?"
+    jid = str(rec.job or rec.node or "?")[:64]
     if rec.state == "ended":
-        return JobInfo(jid, rec.result or "ENDED", live=False)
+        return JobInfo(jid, str(rec.result or "ENDED"), live=False)
     if _attached(cell_dir):
         return JobInfo(jid, "RUNNING", live=True)  # its launcher follows it
+    try:
+        _cell_commands(cell_dir, rec)
+    except (SubmitError, ConfigError) as e:
+        return JobInfo(jid, "UNKNOWN", live=False, error=[str(e)])
     if not rec.job:
         done = _finish(cell_dir, rec, "ABANDONED")
         log.info(f"cell {cell_dir.name}: its launcher went away before the trainers started; {'; '.join(done) or 'nothing to do'}")
@@ -570,7 +611,11 @@ class TpuTarget(ForegroundTarget):
         d = Path(run_dir) / cell
         rec = Record.load(d)
         if rec is not None and rec.state == "running" and rec.job and not _attached(d):
-            c, _ = _cell_commands(d, rec)
+            try:
+                c, _ = _cell_commands(d, rec)
+            except (SubmitError, ConfigError) as e:
+                log.warning(f"cell {cell}: the workers' logs are not fetched: {e}")
+                return []
             collect_logs(c, rec, d)
         return []
 
