@@ -238,12 +238,14 @@ class SlurmConfig:
     setup: List[str] = setting([], "shell lines run before the tasks start (module load, source venv)")
     setup_script: Optional[str] = setting(None, "a file of yours sourced verbatim in the job script before the "
                                           "tasks start, e.g. to activate a venv or load modules")
-    additional: Dict[str, Any] = setting({}, "extra sbatch parameters, e.g. {reservation: myres}")
+    additional: Dict[str, Any] = setting({}, "extra sbatch options, e.g. {reservation: myres, hold: true}; true is a "
+                                         "bare flag, false/null leave the option out; options scaleout sets itself "
+                                         "(nodes, tasks, CPUs, GPUs, mem, time, signal, array, requeue, ...) are refused")
     signal_delay_s: int = setting(90, "seconds between SLURM's preemption/time-limit signal and the kill; "
                                   "the trainer's save must fit in it", ge=10)
     max_requeues: int = setting(3, "preemptions/timeouts tolerated before the cell stops", ge=0)
-    python: Optional[str] = setting(None, "interpreter on the compute nodes; null = the one running scaleout "
-                                    "(shared filesystem)")
+    python: Optional[str] = setting(None, "interpreter on the compute nodes (a leading ~/ expands there); null = the "
+                                    "one running scaleout (shared filesystem)")
     wait: bool = setting(False, "block until the jobs finish, then write the report")
 
 
@@ -269,8 +271,8 @@ class TpuConfig:
     setup: Optional[List[str]] = setting(None, "commands run once per worker in the unpacked code; null: a uv Python 3.11 "
                                          "venv with the pinned dependencies + jax[tpu]; a list replaces it")
     gcloud: str = setting("gcloud", "the gcloud executable")
-    python: Optional[str] = setting(None, "interpreter on the workers; null: ~/scaleout/venv/bin/python, made by the "
-                                    "default tpu.setup")
+    python: Optional[str] = setting(None, "interpreter on the workers (a leading ~/ expands there); null: "
+                                    "~/scaleout/venv/bin/python, made by the default tpu.setup")
 
 
 @dataclass
