@@ -63,7 +63,8 @@ def test_names_and_paths_read_from_a_run_directory_stay_inside_it(tmp_path):
     (victim / "jax-d1" / files.METRICS_NAME).write_text('{"kind": "summary", "status": "ok", "steps": 99}\n')
     run = tmp_path / "runs" / "shared"
     cell = _cell(run, "jax-d1", "target=slurm")
-    (cell / files.METRICS_NAME).write_text(json.dumps({"kind": "profile", "dir": str(tmp_path / "victim"), "steps": [1],
+    (tmp_path / "victim" / "rank0.pt.trace.json").write_text("{}")  # a trace outside the run, where the record points
+    (cell / files.METRICS_NAME).write_text(json.dumps({"kind": "profile", "dir": str(tmp_path / "victim" / "rank0.pt.trace.json"), "steps": [1],
                                                         "breakdown": [], "mean": {}, "error": None}) + "\n")
     os.symlink(victim / "jax-d1", run / "torch-d1")
     (run / files.SWEEP_FILE).write_text(json.dumps({"scaling": "weak", "cells": [

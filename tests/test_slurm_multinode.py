@@ -276,10 +276,10 @@ def _steps_written(path: Path) -> int:
         return 0
 
 
-def _task_placements(job):
+def _task_placements(run, job):
     """(node, local rank) of every task of a job, from submitit's `Starting with JobEnvironment(...)` log lines."""
     out = []
-    for path in slurm_queue.log_paths(job["folder"], job["job_id"], 4):
+    for path in slurm_queue.log_paths(run, job["job_id"], 4):
         text = path.read_text() if path.is_file() else ""
         out += [(int(n), int(r)) for r, n in re.findall(r"JobEnvironment\(.*local_rank=(\d+)\(2\), node=(\d+)\(2\)", text)]
     return sorted(out)
@@ -306,7 +306,7 @@ def test_sweep_of_jax_and_torch_on_two_nodes(gpu_partition, tmp_path):
         finals[name] = s["final_loss"]
     np.testing.assert_allclose(finals["jax-d4"], finals["torch-d4"], rtol=1e-4)
     for name, j in jobs.items():  # 2 tasks on each of 2 nodes, as submitit saw them
-        assert _task_placements(j) == [(0, 0), (0, 1), (1, 0), (1, 1)], name
+        assert _task_placements(run, j) == [(0, 0), (0, 1), (1, 0), (1, 1)], name
 
     local = ["sweep", f"run.dir={tmp_path}/runs", f"jax.cache_dir={tmp_path}/jc", "target=local", "devices=4",
              "run.name=local", *common]

@@ -13,6 +13,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+from launch.common import files
 from launch.core.profile import CATEGORIES
 from launch.report import trace
 
@@ -62,8 +63,10 @@ def entries(run_dir: Path, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         e.update({k: rec.get(k) for k in ("process", "steps", "dir", "files", "breakdown", "mean", "error", "overhead_s")})
         e["mean"], e["breakdown"] = e["mean"] or {}, e["breakdown"] or []
         cell_dir = Path(run_dir) / r["cell"]
+        named = rec.get("dir") if isinstance(rec.get("dir"), str) and rec.get("dir") else "profile"
+        where = files.inside(cell_dir, named)  # the record may come from anyone: only a place inside the cell
         try:
-            found: Optional[Path] = trace.find(cell_dir / (rec.get("dir") or "profile"))
+            found: Optional[Path] = trace.find(where) if where else None
         except trace.TraceError:
             found = None
         e["trace"] = str(found.relative_to(run_dir)) if found else None
@@ -71,7 +74,7 @@ def entries(run_dir: Path, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         e["xprof"] = (f"xprof --logdir={shlex.quote(str(trace.xprof_logdir(found)))}"
                       if found and found.name == trace.JAX_TRACE else None)
         e["other_processes"] = [d.name for d in trace.process_dirs(cell_dir / "profile")
-                                if d.name != Path(rec.get("dir") or "").name]
+                                if d.name != Path(named).name]
         out.append(e)
     return out
 
