@@ -71,7 +71,8 @@ def test_plan_prints_the_sbatch_script_submitit_renders(tmp_path, scaleout):
 
 
 def test_devices_must_fill_whole_nodes(scaleout):
-    code, _, err = scaleout("plan", "target=slurm", "devices=12", "train.global_batch=24", "slurm.devices_per_node=8")
+    code, _, err = scaleout("plan", "target=slurm", "devices=12", "train.global_batch=24", "slurm.devices_per_node=8",
+                            "parallel.fsdp=1", "parallel.data=-1")  # fsdp=12 would not divide d_model=64
     assert code == 2 and "devices=12 does not fill whole nodes of slurm.devices_per_node=8" in err
 
 
@@ -297,7 +298,8 @@ def test_sbatch_refusals_are_one_sentence(cluster, tmp_path):
     p = run_cli(["run", *_args(tmp_path, "slurm.gpus_per_node=4", "run.name=b2")], cwd=tmp_path)  # the node has no GPUs
     assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1
     assert p.stderr.startswith("scaleout: error: slurm.gpus_per_node=4 but the nodes of the default partition have no GPUs"), p.stderr
-    p = run_cli(["run", *_args(tmp_path, "devices=6", "train.global_batch=6", "slurm.partition=gpu", "run.name=b3")], cwd=tmp_path)
+    p = run_cli(["run", *_args(tmp_path, "devices=6", "train.global_batch=6", "parallel.fsdp=1", "parallel.data=-1",
+                                "slurm.partition=gpu", "run.name=b3")], cwd=tmp_path)
     assert p.returncode == 2 and p.stderr.strip() == ("scaleout: error: devices=6 needs 3 nodes of slurm.devices_per_node=2 "
                                                       "but partition gpu has 2; use fewer devices or more tasks per node."), p.stderr
     p = run_cli(["run", *_args(tmp_path, "devices=4", "train.global_batch=4", "slurm.partition=gpu", "slurm.gpus_per_node=4",
