@@ -308,6 +308,22 @@ class ReportConfig:
     """`scaleout report`."""
 
     horizon_steps: int = setting(10000, "the run length for which the report gives each framework's wall time", ge=1)
+    project_to: List[int] = setting([], "device counts to project each contender's step time, throughput and "
+                                    "efficiency to, from a cost model fitted to the measured cells (`scaleout report "
+                                    "--project 16,32,64` sets it for one report); [] projects nothing", ge=1, unique=True)
+    project_max_error: float = setting(0.1, "a projection whose leave-one-out error (fit on the other measured device "
+                                       "counts, predict the one left out) exceeds this fraction is labelled not "
+                                       "trustworthy", gt=0)
+    efficiency_floor: float = setting(0.8, "the report names the device count at which each contender's projected "
+                                      "scaling efficiency falls below this fraction", gt=0, lt=1)
+    devices_per_node: Optional[int] = setting(None, "devices that share the fast interconnect (NVLink / a TPU slice) "
+                                              "in the projection; null: slurm.devices_per_node on SLURM, the TPU "
+                                              "generation's largest slice on TPU, the largest local cell otherwise",
+                                              ge=1)
+    network: Optional[str] = setting(None, "interconnect between nodes in the projection, where no measured cell "
+                                     "crossed nodes (launch/core/interconnects.py); null: the device's usual one",
+                                     choices=("ib-hdr", "ib-ndr", "ib-xdr", "roce-200", "roce-400", "eth-100",
+                                              "efa-p5", "dcn-v5e", "dcn-v5p", "dcn-v6e"))
 
 
 @dataclass

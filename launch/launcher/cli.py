@@ -74,10 +74,22 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return sweep.run_sweep(_config(args))
 
 
+def _device_counts(text: Optional[str]) -> Optional[List[int]]:
+    """--project 16,32,64 as [16, 32, 64]; None when not given."""
+    if text is None:
+        return None
+    words = [w.strip() for w in text.split(",")]
+    if not words or not all(w.isdigit() and int(w) >= 1 for w in words) or len(set(words)) != len(words):
+        raise UserError(f"--project {text!r} is not valid: give distinct positive device counts separated by commas, "
+                        "e.g. --project 16,32,64.")
+    return [int(w) for w in words]
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from launch.report import report
+    project_to = _device_counts(args.project)
     try:
-        out = report.write(args.run_dir)
+        out = report.write(args.run_dir, project_to)
     except report.ReportError as e:
         raise UserError(str(e)) from None
     print(f"wrote {out['md']}, {out['json'].name}, {out['csv'].name} and {len(out['plots'])} plots in {out['md'].parent}")
@@ -236,6 +248,8 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sweep)
     p = sub.add_parser("report", help="write report.md/json/csv and plots for a run directory")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("--project", metavar="N,N,...",
+                   help="also project every contender to these device counts (replaces report.project_to)")
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("status", help="one line per cell: job id, state, step reached, last loss")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")

@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 from launch.common import files
 from launch.common.files import CONFIG_NAME, LOGS_DIR, METRICS_NAME, SWEEP_FILE
 from launch.core import attention
-from launch.report import breakdown as report_profile
+from launch.report import breakdown as report_profile, projection as report_projection
 
 ROW_FIELDS = ["cell", "framework", "devices", "processes", "global_batch", "tokens_per_s", "tokens_per_s_per_device",
               "mfu", "step_time_p50_s", "step_time_p90_s", "compile_s", "time_to_first_step_s",
@@ -236,7 +236,8 @@ def hardware(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     return hw
 
 
-def write(run_dir: Path) -> Dict[str, Any]:
+def write(run_dir: Path, project_to: Optional[List[int]] = None) -> Dict[str, Any]:
+    """The report of a run directory; `project_to` (device counts) replaces the cells' report.project_to."""
     run_dir = Path(run_dir)
     dirs = files.cell_dirs(run_dir) if run_dir.is_dir() else []
     dirs = [d for d in dirs if (d / CONFIG_NAME).is_file()]
@@ -249,13 +250,14 @@ def write(run_dir: Path) -> Dict[str, Any]:
     derived = derive(rows, scaling, horizon)
     hw = hardware(rows)
     profiled = report_profile.entries(run_dir, rows)
-    plots = _plots(run_dir, rows, derived, profiled)
+    projected = report_projection.section(rows, scaling, hw, report_projection.settings(rows, project_to))
+    plots = _plots(run_dir, rows, derived, profiled, projected)
     public = [{k: r.get(k) for k in ROW_FIELDS} for r in rows]
     doc = {"run_dir": str(run_dir), "model": rows[0]["_cfg"]["model"]["name"], "hardware": hw, "cells": public,
            "derived": derived, "plots": [p.name for p in plots], "workloads": workloads(rows),
            "loss_curves": {r["cell"]: r["_loss"] for r in rows},
            "eval_loss_curves": {r["cell"]: r["_eval"] for r in rows if r.get("_eval")},
-           "profile": {e["cell"]: e for e in profiled}}
+           "profile": {e["cell"]: e for e in profiled}, "projection": projected}
     files.atomic_write(run_dir / "report.json", json.dumps(doc, indent=2, default=str))
     table = io.StringIO()
     w = csv.DictWriter(table, fieldnames=ROW_FIELDS)
@@ -359,14 +361,17 @@ def _markdown(doc: Dict[str, Any], rows: List[Dict[str, Any]]) -> str:
                      f"{w['document_mask_impl'] or '-'} |")
     breakdown = report_profile.PLOT_NAME if report_profile.PLOT_NAME in doc["plots"] else None
     L += report_profile.markdown(list(doc["profile"].values()), breakdown)
-    L += ["", "## Plots", ""] + [f"![{p}]({p})" for p in doc["plots"] if p != breakdown]
+    projected = report_projection.PLOT_NAME if report_projection.PLOT_NAME in doc["plots"] else None
+    L += report_projection.markdown(doc["projection"], projected)
+    L += ["", "## Plots", ""] + [f"![{p}]({p})" for p in doc["plots"] if p not in (breakdown, projected)]
     L += ["", "Start-up cost is the time from process start to the end of the first step (compilation included); "
           "wall time of n steps = start-up + (n-1) x mean step time. Steady-state figures exclude the first "
           "`train.warmup_exclude` steps" + (" and the profiled steps (`profile.steps`)." if doc["profile"] else "."), ""]
     return "\n".join(L)
 
 
-def _plots(run_dir: Path, rows: List[Dict[str, Any]], d: Dict[str, Any], profiled: List[Dict[str, Any]]) -> List[Path]:
+def _plots(run_dir: Path, rows: List[Dict[str, Any]], d: Dict[str, Any], profiled: List[Dict[str, Any]],
+           projected: Optional[Dict[str, Any]] = None) -> List[Path]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -421,6 +426,8 @@ def _plots(run_dir: Path, rows: List[Dict[str, Any]], d: Dict[str, Any], profile
 
     if profiled:
         out.append(report_profile.plot(run_dir, profiled, _save))
+    if projected and projected["contenders"]:
+        out.append(report_projection.plot(run_dir, projected, _save))
     return out
 
 

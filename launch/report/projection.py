@@ -1,0 +1,398 @@
+"""The report's projection: each contender's step time, throughput and efficiency at device counts it
+was not measured at (`report.project_to`, `scaleout report RUN_DIR --project 16,32,64`).
+
+Per contender (the cells of the sweep's first `sweep.extra` combination), every finished cell
+becomes a point of `launch.core.projection`: its measured step time, tokens per step, the bytes
+each device sends per step on each interconnect tier (`launch.core.collectives`, from the cell's
+model, mesh and batch) and, where the cell was profiled, the collective and overhead shares of its
+traced steps. The cost model fitted to them is evaluated at each requested device count with the
+mesh the contender's parallel settings give there; the leave-one-out error over the measured device
+counts becomes the error band (projected throughput x (1 +- the largest error)) and decides whether
+a projection is trustworthy (`report.project_max_error`). The section also names the device count at
+which each contender's efficiency falls below `report.efficiency_floor` and compares every pair of
+contenders at the projected counts.
+
+Nothing here needs jax or torch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from launch.config import ConfigError, resolve_parallel
+from launch.config.schema import ModelConfig, ReportConfig
+from launch.core import collectives, interconnects
+from launch.core.projection import Fit, Point, ProjectionError, Table, fit, leave_one_out
+
+PLOT_NAME = "projection.png"
+SEARCH_LIMIT = 1 << 17  # the efficiency-floor search stops here
+BUILTIN_ORDER = ("jax", "torch", "torch-compile")
+CELL_NAME = re.compile(r"^(?P<contender>.+?)-d(?P<devices>\d+)(?:-(?P<variant>.+))?$")
+SIMULATED = ("the devices are simulated CPU devices sharing the host's cores: compute per device is not constant as "
+             "the model assumes (more devices share the same cores) and the 'bandwidth' is the speed of copies between "
+             "processes of one machine, so these projections exercise the method and say nothing about GPUs or TPUs")
+
+
+def contender_of(row: Dict[str, Any]) -> str:
+    """A cell's contender: the `contender` its row or config records (issue 26), else the framework
+    (`torch-compile` for a torch cell with torch.compile on)."""
+    cfg = row.get("_cfg") or {}
+    name = row.get("contender") or cfg.get("contender")
+    if name:
+        return str(name)
+    framework = str(row.get("framework") or cfg.get("framework"))
+    return "torch-compile" if framework == "torch" and (cfg.get("torch") or {}).get("compile") else framework
+
+
+def variant_of(row: Dict[str, Any]) -> str:
+    """The sweep.extra part of a cell's name (`jax-d2-remat_full` -> `remat_full`), '' if none."""
+    if "variant" in row and row["variant"] is not None:
+        return str(row["variant"])
+    m = CELL_NAME.match(str(row.get("cell", "")))
+    return (m.group("variant") or "") if m else ""
+
+
+def settings(rows: List[Dict[str, Any]], project_to: Optional[List[int]] = None) -> Dict[str, Any]:
+    """The report.* keys the projection reads, from the first cell's config (older configs: defaults);
+    `project_to` (the CLI's --project) replaces report.project_to."""
+    defaults = ReportConfig()
+    given = dict((rows[0].get("_cfg") or {}).get("report") or {}) if rows else {}
+    out = {k: given.get(k, getattr(defaults, k)) for k in
+           ("project_to", "project_max_error", "efficiency_floor", "devices_per_node", "network")}
+    if project_to is not None:
+        out["project_to"] = list(project_to)
+    out["project_to"] = sorted(int(n) for n in out["project_to"])
+    return out
+
+
+# --------------------------------------------------------------------------- cells -> points
+
+def _model(cfg: Dict[str, Any]) -> ModelConfig:
+    known = set(ModelConfig.__dataclass_fields__)
+    return ModelConfig(**{k: v for k, v in (cfg.get("model") or {}).items() if k in known})
+
+
+def _mesh(cfg: Dict[str, Any], devices: int) -> Dict[str, int]:
+    p = cfg.get("parallel") or {}
+    data, fsdp, tensor = resolve_parallel(devices, int(p.get("data", 1)), int(p.get("fsdp", -1)), int(p.get("tensor", 1)))
+    return {"data": data, "fsdp": fsdp, "tensor": tensor}
+
+
+def node_size(cfg: Dict[str, Any], device_kind: str, largest: int, override: Optional[int]) -> Tuple[int, str]:
+    """Devices per fast-interconnect domain, and where that number comes from."""
+    if override:
+        return int(override), "report.devices_per_node"
+    if interconnects.is_tpu(device_kind) and interconnects.tpu_domain(device_kind):
+        return int(interconnects.tpu_domain(device_kind)), f"the largest {device_kind} slice"
+    if cfg.get("target") == "slurm":
+        return int((cfg.get("slurm") or {}).get("devices_per_node", 8)), "slurm.devices_per_node"
+    return largest, f"the largest cell run on one host ({largest}); set report.devices_per_node to say more"
+
+
+def layout(cfg: Dict[str, Any], devices: int, global_batch: int, per_node: int) -> Dict[str, Any]:
+    """Mesh, collectives and bytes per tier of `cfg`'s contender at `devices`; raises ConfigError when its
+    parallel settings or batch do not fit that count."""
+    mesh = _mesh(cfg, devices)
+    train = cfg.get("train") or {}
+    accum = int(train.get("grad_accum", 1))
+    dp = mesh["data"] * mesh["fsdp"]
+    if global_batch < 1 or global_batch % (dp * accum):
+        raise ConfigError(f"a global batch of {global_batch} sequences does not split over {dp} data-parallel ranks "
+                          f"x train.grad_accum={accum}")
+    coll = collectives.per_step(_model(cfg), str(cfg.get("framework")), mesh, global_batch, accum, per_node)
+    return {"mesh": mesh, "collectives": coll, "traffic": collectives.by_tier(coll)}
+
+
+def _point(row: Dict[str, Any], per_node: int) -> Point:
+    cfg = row["_cfg"]
+    step = row.get("step_time_mean_s") or row.get("step_time_p50_s")
+    tokens = row["tokens_per_s"] * step
+    lay = layout(cfg, row["devices"], int(row.get("global_batch") or cfg["train"]["global_batch"]), per_node)
+    share = overhead = None
+    prof = row.get("_profile") or {}
+    mean = prof.get("mean") or {}
+    if not prof.get("error") and mean.get("trace_s"):
+        share = (mean.get("collectives") or 0.0) / mean["trace_s"]
+        overhead = ((mean.get("host_data") or 0.0) + (mean.get("idle") or 0.0)) / mean["trace_s"]
+    return Point(row["devices"], float(step), float(tokens), lay["traffic"], row["cell"], share, overhead)
+
+
+def _table(device_kind: str, network: Optional[str]) -> Table:
+    intra, inter = interconnects.intra_link(device_kind), interconnects.inter_link(device_kind, network)
+    bw = {"intra": intra.bytes_per_s if intra else None, "inter": inter.bytes_per_s if inter else None}
+    src = {"intra": f"{intra.name}, {intra.source}" if intra else f"no table entry for {device_kind!r}",
+           "inter": f"{inter.name}, {inter.source}" if inter else f"no table entry for {device_kind!r}"}
+    return Table(bw, src)
+
+
+# --------------------------------------------------------------------------- the section
+
+def section(rows: List[Dict[str, Any]], scaling: str, hw: Dict[str, Any], opts: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """What report.json keeps under `projection`; None when report.project_to is empty."""
+    if not opts["project_to"]:
+        return None
+    base = variant_of(rows[0]) if rows else ""
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("tokens_per_s") and variant_of(r) == base
+          and (r.get("step_time_mean_s") or r.get("step_time_p50_s"))]
+    names = sorted({contender_of(r) for r in ok},
+                   key=lambda n: (BUILTIN_ORDER.index(n) if n in BUILTIN_ORDER else len(BUILTIN_ORDER), n))
+    simulated = bool(hw.get("simulated_devices_share_host"))
+    out: Dict[str, Any] = {"project_to": opts["project_to"], "max_error": opts["project_max_error"],
+                           "efficiency_floor": opts["efficiency_floor"], "scaling": scaling, "variant": base or None,
+                           "warning": SIMULATED if simulated else None, "contenders": {}, "ratios": []}
+    for name in names:
+        mine = sorted((r for r in ok if contender_of(r) == name), key=lambda r: r["devices"])
+        out["contenders"][name] = _contender(mine, scaling, opts, simulated)
+    out["ratios"] = _ratios(out["contenders"], opts["project_to"])
+    return out
+
+
+def _contender(rows: List[Dict[str, Any]], scaling: str, opts: Dict[str, Any], simulated: bool) -> Dict[str, Any]:
+    cfg = rows[-1]["_cfg"]
+    kind = str((rows[-1].get("_start") or {}).get("device_kind") or "unknown")
+    per_node, per_node_src = node_size(cfg, kind, max(r["devices"] for r in rows), opts["devices_per_node"])
+    table = _table(kind, opts["network"])
+    entry: Dict[str, Any] = {"cells": [r["cell"] for r in rows], "device_kind": kind, "devices_per_node": per_node,
+                             "devices_per_node_source": per_node_src, "tiers": interconnects.tier_names(kind),
+                             "table": {"bandwidth_bytes_per_s": table.bandwidth, "source": table.source},
+                             "parallel": dict(cfg.get("parallel") or {}), "fit": None, "error": None,
+                             "leave_one_out": {}, "max_abs_error": None, "trustworthy": False, "why_not": None,
+                             "measured": [], "projections": [], "floor": None, "curve": []}
+    try:
+        points = [_point(r, per_node) for r in rows]
+    except ConfigError as e:
+        entry["error"] = f"a measured cell's layout cannot be rebuilt: {e}"
+        return entry
+    base = rows[0]["tokens_per_s_per_device"]
+    for r, p in zip(rows, points):
+        entry["measured"].append({"devices": r["devices"], "cell": r["cell"], "step_s": p.step_s,
+                                  "tokens_per_s_per_device": r["tokens_per_s_per_device"],
+                                  "efficiency": r["tokens_per_s_per_device"] / base, "bytes": p.traffic,
+                                  "profiled": p.collective_share is not None})
+    try:
+        model = fit(points, scaling, table)
+    except ProjectionError as e:
+        entry["error"] = str(e)
+        return entry
+    entry["fit"] = model.as_dict()
+    loo = leave_one_out(points, scaling, table)
+    entry["leave_one_out"] = loo
+    errors = [abs(e) for e in loo.values() if e is not None]
+    entry["max_abs_error"] = max(errors) if errors and len(errors) == len(loo) else None
+    if simulated:
+        entry["why_not"] = "simulated CPU devices"
+    elif len(points) < 3:
+        entry["why_not"] = f"only {len(points)} measured device count(s): leave-one-out needs 3"
+    elif entry["max_abs_error"] is None:
+        entry["why_not"] = "leave-one-out could not refit every subset"
+    elif entry["max_abs_error"] > opts["project_max_error"]:
+        entry["why_not"] = (f"leave-one-out error {100 * entry['max_abs_error']:.1f}% exceeds "
+                            f"{100 * opts['project_max_error']:.0f}% (report.project_max_error)")
+    entry["trustworthy"] = entry["why_not"] is None
+    band = entry["max_abs_error"]
+    per_device_batch = (rows[0].get("global_batch") or cfg["train"]["global_batch"]) / rows[0]["devices"]
+
+    def at(n: int) -> Dict[str, Any]:
+        batch = int(round(per_device_batch * n)) if scaling == "weak" else int(rows[0].get("global_batch") or 0)
+        try:
+            lay = layout(cfg, n, batch, per_node)
+        except ConfigError as e:
+            return {"devices": n, "error": str(e)}
+        return _evaluate(model, n, lay, base, band, entry["trustworthy"], model.measured_tiers)
+
+    entry["projections"] = [at(n) for n in opts["project_to"]]
+    entry["floor"] = _floor(entry, at, opts["efficiency_floor"], opts["project_to"])
+    lo, hi = rows[0]["devices"], max([*opts["project_to"], rows[-1]["devices"]])
+    grid = sorted({*(lo << k for k in range(0, 40) if lo << k <= hi), *opts["project_to"], *(r["devices"] for r in rows)})
+    entry["curve"] = [{k: v for k, v in p.items() if k != "collectives"} for p in (at(n) for n in grid) if "error" not in p]
+    return entry
+
+
+def _evaluate(model: Fit, n: int, lay: Dict[str, Any], base: float, band: Optional[float], trusted: bool,
+              measured_tiers: List[str]) -> Dict[str, Any]:
+    traffic = lay["traffic"]
+    step = model.step_time(n, traffic)
+    tps = model.tokens_per_step(n) / n / step
+    e = band if band is not None else float("nan")
+    new_tiers = [t for t, b in traffic.items() if b > 0 and t not in measured_tiers]
+    return {"devices": n, "mesh": lay["mesh"], "step_s": step, "compute_s": model.compute(n), "overhead_s": model.overhead_s,
+            "communication_s": model.communication(traffic), "bytes": traffic,
+            "collectives": collectives.as_dicts(lay["collectives"]), "tokens_per_s_per_device": tps,
+            "low": tps * (1 - e), "high": tps * (1 + e), "efficiency": tps / base,
+            "efficiency_low": tps * (1 - e) / base, "efficiency_high": tps * (1 + e) / base,
+            "unmeasured_tiers": new_tiers, "trustworthy": trusted}
+
+
+def _floor(entry: Dict[str, Any], at: Callable[[int], Dict[str, Any]], floor: float, project_to: List[int]) -> Dict[str, Any]:
+    """The first device count (measured, then doubling past the largest measured one) whose efficiency is below
+    `floor`, with the last count above it."""
+    last_above: Optional[int] = None
+    for m in entry["measured"]:
+        if m["efficiency"] < floor:
+            return {"devices": m["devices"], "last_above": last_above, "measured": True}
+        last_above = m["devices"]
+    n = entry["measured"][-1]["devices"]
+    limit = max(SEARCH_LIMIT, *project_to)
+    candidates = sorted({*(n << k for k in range(1, 40) if n << k <= limit), *(d for d in project_to if d > n)})
+    for c in candidates:
+        p = at(c)
+        if "error" in p:
+            return {"devices": None, "last_above": last_above, "measured": False, "stopped": f"at {c} devices: {p['error']}"}
+        if p["efficiency"] < floor:
+            return {"devices": c, "last_above": last_above, "measured": False}
+        last_above = c
+    return {"devices": None, "last_above": last_above, "measured": False, "stopped": f"not below it up to {limit} devices"}
+
+
+def _ratios(entries: Dict[str, Dict[str, Any]], counts: List[int]) -> List[Dict[str, Any]]:
+    out = []
+    for a, b in itertools.combinations(list(entries), 2):
+        pa = {p["devices"]: p for p in entries[a]["projections"] if "error" not in p}
+        pb = {p["devices"]: p for p in entries[b]["projections"] if "error" not in p}
+        for n in counts:
+            if n not in pa or n not in pb:
+                continue
+            x, y = pa[n], pb[n]
+            out.append({"a": a, "b": b, "devices": n, "ratio": x["tokens_per_s_per_device"] / y["tokens_per_s_per_device"],
+                        "low": x["low"] / y["high"] if y["high"] else None, "high": x["high"] / y["low"] if y["low"] else None,
+                        "trustworthy": bool(x["trustworthy"] and y["trustworthy"])})
+    return out
+
+
+# --------------------------------------------------------------------------- markdown and plot
+
+def _gbs(v: Optional[float]) -> str:
+    if v is None or v != v:
+        return "unknown"
+    if v == float("inf"):
+        return "unbounded"
+    return f"{v / 1e9:.3g} GB/s"
+
+
+def _pct(v: Optional[float]) -> str:
+    return "-" if v is None or v != v else f"{100 * v:.0f}%"
+
+
+def _bytes(v: float) -> str:
+    return "0" if not v else f"{v / 2**20:,.1f} MiB"
+
+
+def markdown(sec: Optional[Dict[str, Any]], plot: Optional[str]) -> List[str]:
+    if not sec:
+        return []
+    L = ["", "## Projection beyond the measured device counts", ""]
+    if sec.get("warning"):
+        L += [f"> **Not a prediction:** {sec['warning']}.", ""]
+    L += ["Each contender's step time at N devices is modelled as compute(N) + overhead + (1 - overlap) x the bytes each "
+          "device sends per step on each interconnect tier / that tier's bandwidth (`launch.core.projection`; the bytes "
+          "follow from the model and the mesh at N, `launch.core.collectives`). Compute is constant per device under "
+          "weak scaling and divided by N under strong scaling. Every number the model uses is listed with where it "
+          "comes from: measured, fitted from the measured cells, or assumed from the interconnect table. "
+          f"Leave-one-out: each measured device count is predicted from a fit to the others; the largest error is the "
+          f"band (projected throughput x (1 +- error)), and a contender whose error exceeds "
+          f"{100 * sec['max_error']:.0f}% (`report.project_max_error`) is **not trustworthy**. The band is the error "
+          "seen inside the measured range: further out, and on a tier no cell measured, it is a floor, not a bound. "
+          "The model cannot know contention from other jobs, topology-aware placement or stragglers.", ""]
+    if sec.get("variant"):
+        L += [f"Projected cells: the `{sec['variant']}` combination of `sweep.extra` (the sweep's first).", ""]
+    floor = sec["efficiency_floor"]
+    for name, e in sec["contenders"].items():
+        L += [f"### {name}", ""]
+        L.append(f"- measured: {', '.join(str(m['devices']) for m in e['measured'])} device(s) "
+                 f"({', '.join(e['cells'])}); device {e['device_kind']}; mesh rule parallel "
+                 + " ".join(f"{k}={v}" for k, v in e["parallel"].items())
+                 + f"; {e['devices_per_node']} devices per node ({e['devices_per_node_source']})")
+        if e.get("error"):
+            L += [f"- **no projection**: {e['error']}", ""]
+            continue
+        f = e["fit"]
+        src = f["source"]
+        L.append(f"- compute {1e3 * f['compute_s']:.4g} ms/step at {f['anchor_devices']} device(s) ({src.get('compute')}); "
+                 f"overhead {1e3 * f['overhead_s']:.3g} ms/step ({src.get('overhead')})")
+        L.append(f"- overlap {_pct(f['overlap'])} of communication hidden ({src.get('overlap')})")
+        for t in interconnects.TIERS:
+            L.append(f"- bandwidth {e['tiers'][t]}: {_gbs(f['bandwidth_bytes_per_s'].get(t))} per device "
+                     f"({src.get('bandwidth.' + t, '-')}); table: {_gbs(e['table']['bandwidth_bytes_per_s'].get(t))} "
+                     f"({e['table']['source'][t]})")
+        for note in f["notes"]:
+            L.append(f"- note: {note}")
+        loo = ", ".join(f"{n} dev {'-' if v is None else f'{100 * v:+.1f}%'}" for n, v in e["leave_one_out"].items())
+        verdict = "trustworthy" if e["trustworthy"] else f"**not trustworthy** ({e['why_not']})"
+        L.append(f"- leave-one-out error: {loo or 'none (fewer than 3 measured device counts)'}; largest "
+                 f"{_pct(e['max_abs_error']) if e['max_abs_error'] is not None else '-'}: {verdict}")
+        fl = e["floor"] or {}
+        if fl.get("devices"):
+            where = "measured" if fl.get("measured") else "projected"
+            L.append(f"- efficiency falls below {100 * floor:.0f}% at {fl['devices']} devices ({where}; last above: "
+                     f"{fl.get('last_above') or '-'})")
+        else:
+            L.append(f"- efficiency stays at or above {100 * floor:.0f}%: {fl.get('stopped', '-')}")
+        L += ["", "| devices | tokens/s/device | band | efficiency | step | compute | exposed comm | bytes/device/step "
+              "(intra / inter) | trust |", "|---|---|---|---|---|---|---|---|---|"]
+        for p in e["projections"]:
+            if "error" in p:
+                L.append(f"| {p['devices']} | cannot project: {p['error']} | | | | | | | |")
+                continue
+            trust = "yes" if p["trustworthy"] else "**no**"
+            if p["unmeasured_tiers"]:
+                trust += " (" + ", ".join(e["tiers"][t] for t in p["unmeasured_tiers"]) + ": not measured)"
+            L.append(f"| {p['devices']} | {p['tokens_per_s_per_device']:,.4g} | {p['low']:,.4g} - {p['high']:,.4g} | "
+                     f"{_pct(p['efficiency'])} | {1e3 * p['step_s']:.4g} ms | {1e3 * p['compute_s']:.4g} ms | "
+                     f"{1e3 * p['communication_s']:.4g} ms | {_bytes(p['bytes']['intra'])} / {_bytes(p['bytes']['inter'])} | "
+                     f"{trust} |")
+        L.append("")
+    if sec["ratios"]:
+        L += ["### Contenders compared at the projected counts", "", "| devices | a / b | throughput ratio | band | trust |",
+              "|---|---|---|---|---|"]
+        for r in sec["ratios"]:
+            band = f"{r['low']:.3g} - {r['high']:.3g}" if r["low"] is not None and r["high"] is not None else "-"
+            L.append(f"| {r['devices']} | {r['a']} / {r['b']} | {r['ratio']:.3g}x | {band} | "
+                     f"{'yes' if r['trustworthy'] else '**no**'} |")
+        L.append("")
+    if plot:
+        L += [f"![{plot}]({plot})", ""]
+    return L
+
+
+def plot(run_dir: Path, sec: Dict[str, Any], save: Callable[[Any, Path], Path]) -> Path:
+    """`projection.png`: measured points (filled), the projected curve (dashed and labelled when not trustworthy),
+    its error band and the requested counts (hollow), for throughput per device and efficiency; a dotted line at the
+    largest measured count."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, (name, e) in enumerate(sec["contenders"].items()):
+        color = f"C{i}"
+        m = e["measured"]
+        for ax, key in zip(axes, ("tokens_per_s_per_device", "efficiency")):
+            scale = 100 if key == "efficiency" else 1
+            ax.plot([p["devices"] for p in m], [scale * p[key] for p in m], "o", color=color, label=f"{name} measured")
+            curve = e.get("curve") or []
+            if not curve:
+                continue
+            xs = [p["devices"] for p in curve]
+            lo_key, hi_key = ("efficiency_low", "efficiency_high") if key == "efficiency" else ("low", "high")
+            label = f"{name} projected" + ("" if e["trustworthy"] else " (not trustworthy)")
+            ax.plot(xs, [scale * p[key] for p in curve], "-" if e["trustworthy"] else "--", color=color, lw=1.5,
+                    label=label)
+            asked = [p for p in e["projections"] if "error" not in p]
+            ax.plot([p["devices"] for p in asked], [scale * p[key] for p in asked], "o", mfc="none", color=color)
+            if e["max_abs_error"] is not None:
+                ax.fill_between(xs, [scale * p[lo_key] for p in curve], [scale * p[hi_key] for p in curve], color=color,
+                                alpha=0.15 if e["trustworthy"] else 0.07, lw=0)
+    largest = max((m["devices"] for e in sec["contenders"].values() for m in e["measured"]), default=None)
+    for ax in axes if largest else ():
+        ax.axvline(largest, ls=":", color="black", lw=0.8)  # measured to the left, projected to the right
+    axes[1].axhline(100 * sec["efficiency_floor"], ls=":", color="gray", lw=1, label=f"{100 * sec['efficiency_floor']:.0f}% floor")
+    for ax, ylabel in zip(axes, ("tokens/s per device", f"{sec['scaling']}-scaling efficiency (%)")):
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="devices", ylabel=ylabel)
+        ax.legend(fontsize=7)
+    title = "Projected scaling (band: largest leave-one-out error)"
+    if sec.get("warning"):
+        title += " - simulated CPU devices: not a prediction"
+    fig.suptitle(title, fontsize=10)
+    return save(fig, Path(run_dir) / PLOT_NAME)
