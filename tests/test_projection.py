@@ -250,6 +250,7 @@ def _write_cell(run, name, cfg, summary, device_kind=H100, profile=None):
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
     recs = [{"kind": "start", "framework": cfg["framework"], "devices": cfg["devices"], "device_kind": device_kind,
              "host_cores": 64, "host": "n1"}]
+    recs += [{"kind": "step", "step": i, "loss": 5.0 - i / 10} for i in (1, 2, 3)]
     if profile:
         recs.append({"kind": "profile", "process": 0, "steps": [5, 6], "breakdown": [], "error": None, "mean": profile})
     recs.append({"kind": "summary", "framework": cfg["framework"], "devices": cfg["devices"], "processes": cfg["devices"],
@@ -257,9 +258,10 @@ def _write_cell(run, name, cfg, summary, device_kind=H100, profile=None):
     (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
 
 
-def _synthetic_run(run, contenders, devices=(1, 2, 4, 8), per_node=4, profiled=(), device_kind=H100, extra=()):
-    """A weak-scaling sweep of 300m (bf16, FSDP) whose step times follow each contender's true cost model exactly.
-    `contenders`: name -> (framework, truth, config overrides)."""
+def _synthetic_run(run, contenders, devices=(1, 2, 4, 8), per_node=4, profiled=(), device_kind=H100, extra=(), bend=0.0):
+    """A weak-scaling sweep of 300m (bf16, FSDP) whose step times follow each contender's true cost model exactly
+    (times devices ** bend: compute that grows with N, outside the model). `contenders`: name -> (framework, truth,
+    config overrides)."""
     names = []
     for name, (fw, truth, more) in contenders.items():
         for n in devices:
@@ -272,6 +274,7 @@ def _synthetic_run(run, contenders, devices=(1, 2, 4, 8), per_node=4, profiled=(
             traffic = collectives.by_tier(collectives.per_step(cfg_obj.model, fw, config.mesh_shape(cfg_obj), batch, 1,
                                                                per_node))
             step, raw = _truth(n, traffic, **truth)
+            step *= n ** bend
             tokens = batch * 2048
             profile = None
             if n in profiled:
@@ -373,6 +376,25 @@ def test_contenders_are_keyed_by_their_recorded_name(tmp_path):
     assert report_projection.contender_of({"framework": "torch", "_cfg": {"framework": "torch"}}) == "torch"
 
 
+def test_a_projection_that_fails_leave_one_out_is_labelled(tmp_path):
+    """Compute per device growing like N^0.3 is outside the model: leave-one-out errors beyond report.project_max_error
+    label every projection not trustworthy, the band is what that error allows, and the curve is drawn dashed."""
+    run = tmp_path / "run"
+    _synthetic_run(run, {"jax": ("jax", TRUTH, ())}, devices=(1, 2, 4, 8, 16), profiled=(1, 4, 16), bend=0.3)
+    out = report.write(run, [32, 64])
+    e = json.loads(out["json"].read_text())["projection"]["contenders"]["jax"]
+    worst = e["max_abs_error"]
+    assert worst > 0.1 and not e["trustworthy"] and "exceeds 10% (report.project_max_error)" in e["why_not"]
+    assert worst == max(abs(v) for v in e["leave_one_out"].values())
+    for q in e["projections"]:
+        assert not q["trustworthy"]
+        assert q["low"] == pytest.approx(q["tokens_per_s_per_device"] / (1 + worst))
+        assert q["high"] == (pytest.approx(q["tokens_per_s_per_device"] / (1 - worst)) if worst < 1 else None)
+    md = out["md"].read_text()
+    assert "**not trustworthy** (leave-one-out error" in md and "| 32 |" in md
+    assert (run / "projection.png").read_bytes()[:8] == PNG_MAGIC
+
+
 def test_simulated_cpu_devices_are_never_a_prediction(tmp_path):
     run = tmp_path / "run"
     _synthetic_run(run, {"jax": ("jax", TRUTH, ())}, device_kind="cpu")
@@ -394,3 +416,20 @@ def test_report_with_project_imports_neither_framework(tmp_path):
     out = _run(["report", str(run), "--project", "8,16"], tmp_path)
     assert out["code"] == 0 and out["heavy"] == [], out
     assert json.loads((run / "report.json").read_text())["projection"]["contenders"]["jax"]["projections"]
+
+
+def test_one_measured_count_is_not_validated(tmp_path):
+    """One device count: nothing to validate against (not trustworthy); the table gives a GPU's bandwidths with no
+    overlap assumed; a device the table does not know cannot be projected, and the report names the tier."""
+    run = tmp_path / "run"
+    _synthetic_run(run, {"jax": ("jax", TRUTH, ())}, devices=(1,))
+    e = json.loads(report.write(run, [8])["json"].read_text())["projection"]["contenders"]["jax"]
+    assert not e["trustworthy"] and e["why_not"] == "only 1 measured device count(s): leave-one-out needs 3"
+    assert e["fit"]["source"]["overlap"] == "assumed 0: no measured cell communicates"
+    assert e["fit"]["bandwidth_bytes_per_s"]["inter"] == 50 * GB and e["projections"][0]["low"] is None
+    run = tmp_path / "cpu"
+    _synthetic_run(run, {"jax": ("jax", TRUTH, ())}, devices=(1,), device_kind="cpu")
+    out = report.write(run, [8])
+    e = json.loads(out["json"].read_text())["projection"]["contenders"]["jax"]
+    assert e["projections"][0]["error"].startswith("the inter tier's bandwidth is unknown")
+    assert "cannot project: the inter tier's bandwidth is unknown" in out["md"].read_text()

@@ -5,6 +5,9 @@ data, config and common that a trainer imports.
     loop         the training loop: steps, timing, warm-up, checkpoints, evaluation, profiling
     params       parameter names and shapes (the one table), framework-neutral init
     flops        FLOPs per token (the one formula) and the accelerator datasheet
+    interconnects  the interconnect datasheet: NVLink/PCIe, networks, TPU ICI/DCN, per device
+    collectives  the bytes each collective of a step moves, from the parameter table and the mesh
+    projection   the step-time cost model fitted to measured cells, and its leave-one-out check
     metrics      the one writer of metrics.jsonl (and TensorBoard)
     sharding     logical axes -> mesh axes (JAX) and the mesh shape rules
     profile      profiler windows and the step-time breakdown

@@ -1,3 +1,4 @@
 """The report from a run directory alone (`report`: report.md, report.json, report.csv, plots), its
-"Where the time goes" section (`breakdown`), and the trace server (`trace`). Reads files only; never
-imports jax or torch, so it runs on a login node."""
+"Where the time goes" section (`breakdown`), the projection to device counts not run (`projection`),
+and the trace server (`trace`). Reads files only; never imports jax or torch, so it runs on a login
+node."""

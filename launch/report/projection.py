@@ -6,9 +6,9 @@ becomes a point of `launch.core.projection`: its measured step time, tokens per 
 each device sends per step on each interconnect tier (`launch.core.collectives`, from the cell's
 model, mesh and batch) and, where the cell was profiled, the collective and overhead shares of its
 traced steps. The cost model fitted to them is evaluated at each requested device count with the
-mesh the contender's parallel settings give there; the leave-one-out error over the measured device
-counts becomes the error band (projected throughput x (1 +- the largest error)) and decides whether
-a projection is trustworthy (`report.project_max_error`). The section also names the device count at
+mesh the contender's parallel settings give there; the largest leave-one-out error e over the measured
+device counts gives the error band (projected / (1 + e) to projected / (1 - e)) and decides whether a
+projection is trustworthy (`report.project_max_error`). The section also names the device count at
 which each contender's efficiency falls below `report.efficiency_floor` and compares every pair of
 contenders at the projected counts.
 
@@ -18,6 +18,7 @@ Nothing here needs jax or torch.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -147,7 +148,18 @@ def section(rows: List[Dict[str, Any]], scaling: str, hw: Dict[str, Any], opts: 
         mine = sorted((r for r in ok if contender_of(r) == name), key=lambda r: r["devices"])
         out["contenders"][name] = _contender(mine, scaling, opts, simulated)
     out["ratios"] = _ratios(out["contenders"], opts["project_to"])
-    return out
+    return _finite(out)
+
+
+def _finite(obj: Any) -> Any:
+    """`obj` with every non-finite number (an unbounded or unknown bandwidth) as None: report.json stays JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def _contender(rows: List[Dict[str, Any]], scaling: str, opts: Dict[str, Any], simulated: bool) -> Dict[str, Any]:
@@ -214,16 +226,28 @@ def _contender(rows: List[Dict[str, Any]], scaling: str, opts: Dict[str, Any], s
 def _evaluate(model: Fit, n: int, lay: Dict[str, Any], base: float, band: Optional[float], trusted: bool,
               measured_tiers: List[str]) -> Dict[str, Any]:
     traffic = lay["traffic"]
+    unknown = [t for t, b in traffic.items() if b > 0 and math.isnan(model.bandwidth.get(t, math.nan))]
+    if unknown:
+        return {"devices": n, "error": f"the {', '.join(unknown)} tier's bandwidth is unknown: no measured cell used it "
+                                      "and the interconnect table has no entry for this device"}
     step = model.step_time(n, traffic)
     tps = model.tokens_per_step(n) / n / step
-    e = band if band is not None else float("nan")
     new_tiers = [t for t, b in traffic.items() if b > 0 and t not in measured_tiers]
     return {"devices": n, "mesh": lay["mesh"], "step_s": step, "compute_s": model.compute(n), "overhead_s": model.overhead_s,
             "communication_s": model.communication(traffic), "bytes": traffic,
             "collectives": collectives.as_dicts(lay["collectives"]), "tokens_per_s_per_device": tps,
-            "low": tps * (1 - e), "high": tps * (1 + e), "efficiency": tps / base,
-            "efficiency_low": tps * (1 - e) / base, "efficiency_high": tps * (1 + e) / base,
+            **_band(tps, band, ""), **_band(tps / base, band, "efficiency_"), "efficiency": tps / base,
             "unmeasured_tiers": new_tiers, "trustworthy": trusted}
+
+
+def _band(value: float, error: Optional[float], prefix: str) -> Dict[str, Optional[float]]:
+    """The measured value a prediction with leave-one-out error up to `error` allows (error = predicted / measured
+    - 1): value / (1 + error) to value / (1 - error), the top unbounded (None) from an error of 100 %; both None
+    without an error."""
+    if error is None:
+        return {f"{prefix}low": None, f"{prefix}high": None, f"{prefix}high_unbounded": False}
+    return {f"{prefix}low": value / (1 + error), f"{prefix}high": value / (1 - error) if error < 1 else None,
+            f"{prefix}high_unbounded": error >= 1}
 
 
 def _floor(entry: Dict[str, Any], at: Callable[[int], Dict[str, Any]], floor: float, project_to: List[int]) -> Dict[str, Any]:
@@ -256,8 +280,12 @@ def _ratios(entries: Dict[str, Dict[str, Any]], counts: List[int]) -> List[Dict[
             if n not in pa or n not in pb:
                 continue
             x, y = pa[n], pb[n]
+            low = x["low"] / y["high"] if x["low"] is not None and y["high"] else None  # None: 0 (b unbounded above)
+            high = x["high"] / y["low"] if x["high"] is not None and y["low"] else None  # None: unbounded
+            banded = x["low"] is not None and y["low"] is not None
             out.append({"a": a, "b": b, "devices": n, "ratio": x["tokens_per_s_per_device"] / y["tokens_per_s_per_device"],
-                        "low": x["low"] / y["high"] if y["high"] else None, "high": x["high"] / y["low"] if y["low"] else None,
+                        "low": (low or 0.0) if banded else None, "high": high if banded else None,
+                        "high_unbounded": banded and high is None,
                         "trustworthy": bool(x["trustworthy"] and y["trustworthy"])})
     return out
 
@@ -291,8 +319,9 @@ def markdown(sec: Optional[Dict[str, Any]], plot: Optional[str]) -> List[str]:
           "follow from the model and the mesh at N, `launch.core.collectives`). Compute is constant per device under "
           "weak scaling and divided by N under strong scaling. Every number the model uses is listed with where it "
           "comes from: measured, fitted from the measured cells, or assumed from the interconnect table. "
-          f"Leave-one-out: each measured device count is predicted from a fit to the others; the largest error is the "
-          f"band (projected throughput x (1 +- error)), and a contender whose error exceeds "
+          f"Leave-one-out: each measured device count is predicted from a fit to the others (error = predicted / measured "
+          f"throughput - 1); with e the largest, the band is projected / (1 + e) to projected / (1 - e), what a "
+          f"measurement would be if the projection erred as much, and a contender whose e exceeds "
           f"{100 * sec['max_error']:.0f}% (`report.project_max_error`) is **not trustworthy**. The band is the error "
           "seen inside the measured range: further out, and on a tier no cell measured, it is a floor, not a bound. "
           "The model cannot know contention from other jobs, topology-aware placement or stragglers.", ""]
@@ -339,7 +368,8 @@ def markdown(sec: Optional[Dict[str, Any]], plot: Optional[str]) -> List[str]:
             trust = "yes" if p["trustworthy"] else "**no**"
             if p["unmeasured_tiers"]:
                 trust += " (" + ", ".join(e["tiers"][t] for t in p["unmeasured_tiers"]) + ": not measured)"
-            L.append(f"| {p['devices']} | {p['tokens_per_s_per_device']:,.4g} | {p['low']:,.4g} - {p['high']:,.4g} | "
+            band = "-" if p["low"] is None else f"{p['low']:,.4g} - " + (f"{p['high']:,.4g}" if p["high"] else "unbounded")
+            L.append(f"| {p['devices']} | {p['tokens_per_s_per_device']:,.4g} | {band} | "
                      f"{_pct(p['efficiency'])} | {1e3 * p['step_s']:.4g} ms | {1e3 * p['compute_s']:.4g} ms | "
                      f"{1e3 * p['communication_s']:.4g} ms | {_bytes(p['bytes']['intra'])} / {_bytes(p['bytes']['inter'])} | "
                      f"{trust} |")
@@ -348,7 +378,7 @@ def markdown(sec: Optional[Dict[str, Any]], plot: Optional[str]) -> List[str]:
         L += ["### Contenders compared at the projected counts", "", "| devices | a / b | throughput ratio | band | trust |",
               "|---|---|---|---|---|"]
         for r in sec["ratios"]:
-            band = f"{r['low']:.3g} - {r['high']:.3g}" if r["low"] is not None and r["high"] is not None else "-"
+            band = "-" if r["low"] is None else f"{r['low']:.3g} - " + (f"{r['high']:.3g}" if r["high"] else "unbounded")
             L.append(f"| {r['devices']} | {r['a']} / {r['b']} | {r['ratio']:.3g}x | {band} | "
                      f"{'yes' if r['trustworthy'] else '**no**'} |")
         L.append("")
@@ -381,8 +411,15 @@ def plot(run_dir: Path, sec: Dict[str, Any], save: Callable[[Any, Path], Path]) 
             asked = [p for p in e["projections"] if "error" not in p]
             ax.plot([p["devices"] for p in asked], [scale * p[key] for p in asked], "o", mfc="none", color=color)
             if e["max_abs_error"] is not None:
-                ax.fill_between(xs, [scale * p[lo_key] for p in curve], [scale * p[hi_key] for p in curve], color=color,
+                top = 10 * max(scale * p[key] for p in curve)  # an unbounded top runs off the axes
+                ax.fill_between(xs, [scale * p[lo_key] for p in curve],
+                                [top if p[hi_key] is None else scale * p[hi_key] for p in curve], color=color,
                                 alpha=0.15 if e["trustworthy"] else 0.07, lw=0)
+    for ax, key in zip(axes, ("tokens_per_s_per_device", "efficiency")):  # the lines decide the axes, not the band
+        scale = 100 if key == "efficiency" else 1
+        values = [scale * p[key] for e in sec["contenders"].values() for p in [*e["measured"], *(e.get("curve") or [])]]
+        if values:
+            ax.set_ylim(0, 1.15 * max(values))
     largest = max((m["devices"] for e in sec["contenders"].values() for m in e["measured"]), default=None)
     for ax in axes if largest else ():
         ax.axvline(largest, ls=":", color="black", lw=0.8)  # measured to the left, projected to the right
