@@ -258,7 +258,8 @@ def _write_cell(run, name, cfg, summary, device_kind=H100, profile=None):
     (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
 
 
-def _synthetic_run(run, contenders, devices=(1, 2, 4, 8), per_node=4, profiled=(), device_kind=H100, extra=(), bend=0.0):
+def _synthetic_run(run, contenders, devices=(1, 2, 4, 8), per_node=4, profiled=(), device_kind=H100, extra=(), bend=0.0,
+                   model="300m"):
     """A weak-scaling sweep of 300m (bf16, FSDP) whose step times follow each contender's true cost model exactly
     (times devices ** bend: compute that grows with N, outside the model). `contenders`: name -> (framework, truth,
     config overrides)."""
@@ -266,7 +267,7 @@ def _synthetic_run(run, contenders, devices=(1, 2, 4, 8), per_node=4, profiled=(
     for name, (fw, truth, more) in contenders.items():
         for n in devices:
             batch = 8 * n
-            cfg_obj = config.load([f"framework={fw}", f"devices={n}", f"train.global_batch={batch}", "model=300m",
+            cfg_obj = config.load([f"framework={fw}", f"devices={n}", f"train.global_batch={batch}", f"model={model}",
                                    "model.dtype=bf16", "target=slurm", f"slurm.devices_per_node={per_node}", *extra,
                                    *(o for o in more if not o.startswith("contender="))])
             cfg = config.to_dict(cfg_obj)
@@ -275,7 +276,7 @@ def _synthetic_run(run, contenders, devices=(1, 2, 4, 8), per_node=4, profiled=(
                                                                per_node))
             step, raw = _truth(n, traffic, **truth)
             step *= n ** bend
-            tokens = batch * 2048
+            tokens = batch * cfg_obj.model.seq_len
             profile = None
             if n in profiled:
                 profile = {"trace_s": step, "measured_s": step, "collectives": raw,
@@ -433,3 +434,15 @@ def test_one_measured_count_is_not_validated(tmp_path):
     e = json.loads(out["json"].read_text())["projection"]["contenders"]["jax"]
     assert e["projections"][0]["error"].startswith("the inter tier's bandwidth is unknown")
     assert "cannot project: the inter tier's bandwidth is unknown" in out["md"].read_text()
+
+
+def test_counts_the_frameworks_would_refuse_are_named(tmp_path):
+    """JAX shards d_model over fsdp: tiny (d_model 64) cannot go to 128 devices of FSDP; PyTorch pads its shards and
+    can. Under strong scaling a count with fewer sequences than data-parallel ranks cannot be run either."""
+    run = tmp_path / "run"
+    truth = {"c": 0.5, "overhead": 0.0, "bw": {"intra": 20 * GB, "inter": 4 * GB}, "overlap": 0.0}
+    _synthetic_run(run, {"jax": ("jax", truth, ()), "torch": ("torch", truth, ())}, model="tiny")
+    sec = json.loads(report.write(run, [64, 128])["json"].read_text())["projection"]["contenders"]
+    assert "error" not in sec["jax"]["projections"][0]
+    assert "model.d_model=64 is not divisible by the fsdp axis size 128" in sec["jax"]["projections"][1]["error"]
+    assert "error" not in sec["torch"]["projections"][1]

@@ -99,11 +99,18 @@ def layout(cfg: Dict[str, Any], devices: int, global_batch: int, per_node: int) 
     mesh = _mesh(cfg, devices)
     train = cfg.get("train") or {}
     accum = int(train.get("grad_accum", 1))
+    model, framework = _model(cfg), str(cfg.get("framework"))
     dp = mesh["data"] * mesh["fsdp"]
+    # the mesh-dependent rules of launch.config.validate (its other rules hold for every N of a valid cell)
     if global_batch < 1 or global_batch % (dp * accum):
         raise ConfigError(f"a global batch of {global_batch} sequences does not split over {dp} data-parallel ranks "
                           f"x train.grad_accum={accum}")
-    coll = collectives.per_step(_model(cfg), str(cfg.get("framework")), mesh, global_batch, accum, per_node)
+    if framework == "jax" and model.d_model % mesh["fsdp"]:
+        raise ConfigError(f"model.d_model={model.d_model} is not divisible by the fsdp axis size {mesh['fsdp']} (JAX "
+                          "shards d_model over fsdp)")
+    if any(n % mesh["tensor"] for n in (model.n_heads, model.d_ff, model.vocab_size)):
+        raise ConfigError(f"the tensor axis size {mesh['tensor']} does not divide n_heads, d_ff and vocab_size")
+    coll = collectives.per_step(model, framework, mesh, global_batch, accum, per_node)
     return {"mesh": mesh, "collectives": coll, "traffic": collectives.by_tier(coll)}
 
 
