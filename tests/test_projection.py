@@ -7,10 +7,7 @@ error stays under 2 %. Without noise all of them are exact to 1e-9.
 """
 
 import json
-import math
 import random
-import subprocess
-import sys
 
 import pytest
 import yaml

@@ -121,9 +121,15 @@ class Fit:
 def _lstsq(columns: Sequence[Sequence[float]], y: Sequence[float]) -> Optional[np.ndarray]:
     """Least-squares coefficients, or None when the columns do not determine them (rank deficient)."""
     a = np.array(columns, dtype=float).T
-    if a.size == 0 or np.linalg.matrix_rank(a) < a.shape[1]:
+    if a.size == 0:
         return None
-    return np.linalg.lstsq(a, np.array(y, dtype=float), rcond=None)[0]
+    norms = np.linalg.norm(a, axis=0)  # bytes (1e9) next to seconds (1): compare the columns' directions only
+    if not np.all(norms > 0):
+        return None
+    a = a / norms
+    if np.linalg.matrix_rank(a) < a.shape[1]:
+        return None
+    return np.linalg.lstsq(a, np.array(y, dtype=float), rcond=None)[0] / norms
 
 
 def _profiled(points: Sequence[Point], measured: List[str]) -> tuple:

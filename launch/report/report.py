@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 from launch.common import files
 from launch.common.files import CONFIG_NAME, LOGS_DIR, METRICS_NAME, SWEEP_FILE
 from launch.core import attention
-from launch.report import breakdown as report_profile, projection as report_projection
+from launch.report import breakdown as report_profile, projection as report_projection, projection_view
 
 ROW_FIELDS = ["cell", "framework", "devices", "processes", "global_batch", "tokens_per_s", "tokens_per_s_per_device",
               "mfu", "step_time_p50_s", "step_time_p90_s", "compile_s", "time_to_first_step_s",
@@ -361,8 +361,8 @@ def _markdown(doc: Dict[str, Any], rows: List[Dict[str, Any]]) -> str:
                      f"{w['document_mask_impl'] or '-'} |")
     breakdown = report_profile.PLOT_NAME if report_profile.PLOT_NAME in doc["plots"] else None
     L += report_profile.markdown(list(doc["profile"].values()), breakdown)
-    projected = report_projection.PLOT_NAME if report_projection.PLOT_NAME in doc["plots"] else None
-    L += report_projection.markdown(doc["projection"], projected)
+    projected = projection_view.PLOT_NAME if projection_view.PLOT_NAME in doc["plots"] else None
+    L += projection_view.markdown(doc["projection"], projected)
     L += ["", "## Plots", ""] + [f"![{p}]({p})" for p in doc["plots"] if p not in (breakdown, projected)]
     L += ["", "Start-up cost is the time from process start to the end of the first step (compilation included); "
           "wall time of n steps = start-up + (n-1) x mean step time. Steady-state figures exclude the first "
@@ -427,7 +427,7 @@ def _plots(run_dir: Path, rows: List[Dict[str, Any]], d: Dict[str, Any], profile
     if profiled:
         out.append(report_profile.plot(run_dir, profiled, _save))
     if projected and projected["contenders"]:
-        out.append(report_projection.plot(run_dir, projected, _save))
+        out.append(projection_view.plot(run_dir, projected, _save))
     return out
 
 
