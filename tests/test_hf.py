@@ -457,7 +457,7 @@ def test_export_loads_in_transformers_and_starts_the_other_framework(tmp_path, s
     assert code == 2 and "is not empty" in err
     code, stdout, err = scaleout("export", str(cell), str(out), "--dtype", "bf16", "--force")
     assert code == 0 and "exported step 4" in stdout, err
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "generation_config.json", "model.safetensors"]
     assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
     assert transformers.LlamaForCausalLM.from_pretrained(out).dtype.__repr__() == "torch.bfloat16"
 

@@ -17,13 +17,14 @@ directory (the default layout), they are read inside the directory given, so a c
 exports its own weights, never what now sits at the old absolute path. The checkpoint must record
 the cell's run id (`run.id`): another run's checkpoint at that place is refused.
 
-OUT_DIR gets config.json (LlamaConfig), model.safetensors (or shards of at most
-`--max-shard-size` plus model.safetensors.index.json), and the tokenizer.json the run's token file
-was made with, as its sidecar records it (none for byte-tokenised data; a tokenizer.json beside the
-token file that is not the recorded one is not shipped). OUT_DIR may not lie inside a checkpoint
-directory (the next save there would delete or set it aside). The files are written into a
-temporary directory next to OUT_DIR and moved in when complete. No `transformers` import is needed.
-Mistakes are one sentence (`ExportError`).
+OUT_DIR gets config.json (LlamaConfig), generation_config.json, model.safetensors (or shards of at
+most `--max-shard-size` plus model.safetensors.index.json), and the tokenizer.json the run's token
+file was made with, as its sidecar records it, with tokenizer_config.json (none for byte-tokenised
+data; a tokenizer.json beside the token file that is not the recorded one is not shipped). The
+data's end-of-text token is the export's EOS, BOS and padding token (`launch.interop.special_tokens`).
+OUT_DIR may not lie inside a checkpoint directory (the next save there would delete or set it
+aside). The files are written into a temporary directory next to OUT_DIR and moved in when complete.
+No `transformers` import is needed. Mistakes are one sentence (`ExportError`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import numpy as np
 from launch.common import files
 from launch.config.schema import Config, ModelConfig
 from launch.core import hf_weights
-from launch.interop import hf_files
+from launch.interop import hf_files, special_tokens
 
 log = logging.getLogger(__name__)
 
@@ -437,6 +438,11 @@ def export(source: Path, out: Path, step: Optional[int] = None, dtype: str = "fp
     if meta.get("config_hash") not in (None, config_mod.math_hash(src.cfg)):
         log.warning(f"the checkpoint {d} records config hash {meta['config_hash']}, the cell's config is "
                     f"{config_mod.math_hash(src.cfg)}: exporting with the cell's model shape (checked against every tensor)")
+    tok = tokenizer_for(src.cfg)
+    try:
+        eot = special_tokens.end_of_text(src.cfg, tok)
+    except special_tokens.SpecialTokensError as e:
+        raise ExportError(str(e)) from None
     log.info(f"reading the {src.framework} checkpoint {d} (model parameters only)")
     params = read_params(src, step)
     check_shapes(params, m, d)
@@ -448,13 +454,13 @@ def export(source: Path, out: Path, step: Optional[int] = None, dtype: str = "fp
     try:
         written = hf_files.write_safetensors(tensors, tmp, max_shard_bytes, metadata={
             "scaleout_framework": src.framework, "scaleout_step": str(step), "scaleout_checkpoint": str(d)})
-        (tmp / hf_weights.CONFIG_JSON).write_text(json.dumps(hf_files.hf_config(m, dtype), indent=2) + "\n")
-        written.insert(0, hf_weights.CONFIG_JSON)
-        tok = tokenizer_for(src.cfg)
+        config = {**hf_files.hf_config(m, dtype), **special_tokens.config_ids(eot)}
+        _write_json(tmp / hf_weights.CONFIG_JSON, config)
+        _write_json(tmp / special_tokens.GENERATION_CONFIG, special_tokens.generation_config(eot))
+        written[:0] = [hf_weights.CONFIG_JSON, special_tokens.GENERATION_CONFIG]
         if tok is not None:
             shutil.copyfile(tok, tmp / hf_files.TOKENIZER_JSON)
-            (tmp / hf_files.TOKENIZER_CONFIG).write_text(json.dumps(
-                {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": m.seq_len}, indent=2) + "\n")
+            _write_json(tmp / hf_files.TOKENIZER_CONFIG, special_tokens.tokenizer_config(eot, m.seq_len))
             written += [hf_files.TOKENIZER_JSON, hf_files.TOKENIZER_CONFIG]
         _make_readable(tmp)
         _install(tmp, out)
@@ -462,4 +468,9 @@ def export(source: Path, out: Path, step: Optional[int] = None, dtype: str = "fp
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return {"out": out, "framework": src.framework, "step": step, "checkpoint": d, "files": written,
-            "bytes": sum(v.nbytes for v in tensors.values()), "tokenizer": tok}
+            "bytes": sum(v.nbytes for v in tensors.values()), "tokenizer": tok, "end_of_text": eot,
+            "byte_note": special_tokens.byte_note(src.cfg)}
+
+
+def _write_json(path: Path, data: Dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n")

@@ -22,7 +22,7 @@ TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 # Everything an export writes (what --force replaces); other files in the directory are left alone.
 WRITTEN = re.compile(r"^(config\.json|model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json|"
-                     r"tokenizer\.json|tokenizer_config\.json)$")
+                     r"tokenizer\.json|tokenizer_config\.json|generation_config\.json)$")
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # transformers' save_pretrained default ("5GB")
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 

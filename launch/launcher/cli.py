@@ -179,9 +179,16 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UserError(str(e).rstrip(".") + ".") from None
     except OSError as e:
         raise UserError(f"cannot write OUT_DIR={str(args.out)!r}: {e.strerror or e}; give a directory you can write to.") from None
-    tok = f", {done['tokenizer'].name}" if done["tokenizer"] else " (no tokenizer.json: the run's data has none)"
+    tok = "" if done["tokenizer"] else " (no tokenizer.json: the run's data has none)"
     print(f"exported step {done['step']} of {done['checkpoint']} ({done['framework']}, {done['bytes'] / 1e6:.1f} MB "
           f"{args.dtype}) to {done['out']}: {', '.join(done['files'])}{tok}")
+    eot = done["end_of_text"]
+    if eot is not None:
+        named = f" {eot.token!r}" if eot.token else ""
+        print(f"end-of-text token{named} (id {eot.id}, from {eot.source}): generation stops there; it is also "
+              "the BOS and the padding token (left padding)")
+    if done["byte_note"]:
+        print(f"note: {done['byte_note']}")
     print(f"load it with transformers.LlamaForCausalLM.from_pretrained({str(done['out'])!r}), or start a cell from it "
           f"with model.init=hf:{done['out']}")
     return 0
