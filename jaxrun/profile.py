@@ -106,11 +106,14 @@ class JaxCapture:
         self.active = False
         self.files: List[Path] = []
 
-    def start(self) -> None:
+    def start(self, first: int) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / "train_step.hlo.txt").write_text(self.text)
         jax.profiler.start_trace(str(self.directory), create_perfetto_trace=True)
         self.active = True
+
+    def next_step(self, n: int) -> None:
+        """Nothing: XProf finds steps by the StepTraceAnnotation around each one (`step`)."""
 
     def step(self, n: int):
         return jax.profiler.StepTraceAnnotation(profile.STEP_SPAN, step_num=n)

@@ -45,9 +45,12 @@ def _stop(p):
 
 
 def _fake_cell(tmp_path, name="torch-d1", trace_name="rank0.pt.trace.json.gz"):
-    """A cell directory whose process 0 holds a small gzipped Chrome trace."""
-    d = tmp_path / "run" / name / "profile" / "process-0"
+    """A PyTorch cell directory whose rank 0 has a small gzipped Chrome trace (in profile/traces/) and a
+    breakdown (in profile/process-0/)."""
+    d = tmp_path / "run" / name / "profile" / "traces"
     d.mkdir(parents=True)
+    (d.parent / "process-0").mkdir()
+    (d.parent / "process-0" / "breakdown.json").write_text("{}")
     (tmp_path / "run" / name / "config.yaml").write_text("framework: torch\n")
     with gzip.open(d / trace_name, "wt") as f:
         json.dump({"traceEvents": [{"ph": "X", "name": "scaleout/step#2", "ts": 0, "dur": 10, "pid": 1, "tid": 1}]}, f)
@@ -97,7 +100,7 @@ def test_serves_a_real_trace_to_perfetto(tmp_path):
 def test_serves_a_torch_trace_from_its_process_directory(tmp_path):
     cell, want = _fake_cell(tmp_path)
     (want.parent / "rank0.pt.trace.json").write_text("{}")  # an uncompressed copy: the .gz one is picked
-    assert trace.find(cell) == trace.find(want.parent) == want
+    assert trace.find(cell) == trace.find(want.parent) == trace.find(cell / "profile" / "process-0") == want
     p, link, _ = _start(want.parent, tmp_path, "--port", "0")  # 0: any free port, the link names it
     try:
         url = link.split("url=", 1)[1]

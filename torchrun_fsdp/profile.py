@@ -1,8 +1,17 @@
 """The PyTorch trainer's profiler: `torch.profiler` traces and their breakdown (see `launch.core.profile`).
 
-The trace is a Chrome/Perfetto JSON file, `CELL/profile/process-<i>/rank<i>.pt.trace.json.gz`
-(the `.pt.trace.json` name TensorBoard's PyTorch profiler plugin looks for; Perfetto opens it as
-is). CUDA kernels are recorded on GPU hosts.
+The trace is a Chrome/Perfetto JSON file, `CELL/profile/traces/rank<i>.pt.trace.json.gz`: every
+rank's in one directory that holds nothing else, which is what Holistic Trace Analysis reads as one
+multi-rank trace and torch-tb-profiler shows as one run with its Distributed view (the
+`.pt.trace.json` name is the one that plugin looks for; Perfetto opens the file as is). The rank's
+breakdown stays in `CELL/profile/process-<i>/breakdown.json`. CUDA kernels are recorded on GPU hosts.
+
+Steps are marked twice. The profiler's own `ProfilerStep#N` spans (a schedule that records every
+step, `prof.step()` before each traced step after the first, numbered as scaleout numbers steps,
+as torchtitan sets `step_num` on resume) are what torch-tb-profiler and HTA divide a trace by; each
+covers the loop's whole iteration (the step and what follows it until the next one: logging,
+evaluation, a checkpoint), the last until the profiler stops. `scaleout/step#N` spans only the
+train-step call the step timer measures, and is what the breakdown reads.
 
 An op is, on a GPU host, a device event (`cat` kernel, gpu_memcpy, gpu_memset: the GPU's own
 timeline; host-side aten calls only launch them); on a CPU host, an aten/c10d operator (`cat`
@@ -31,6 +40,10 @@ MATMUL = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_?scaled_dot_pr
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
+def _record_every_step(step: int) -> torch.profiler.ProfilerAction:
+    return torch.profiler.ProfilerAction.RECORD
+
+
 def category(name: str) -> str:
     """The breakdown category of an operator or kernel, by name."""
     if profile.COLLECTIVE.search(name):
@@ -50,14 +63,22 @@ class TorchCapture:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if self.cuda:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self.prof = torch.profiler.profile(activities=activities)
-        self.path = self.directory / f"rank{rank}.pt.trace.json.gz"
+        # a schedule makes the profiler mark its own steps (ProfilerStep#N); this one records every step
+        self.prof = torch.profiler.profile(activities=activities, schedule=_record_every_step)
+        self.path = profile.traces_dir(self.directory) / f"rank{rank}.pt.trace.json.gz"
         self.active = False
 
-    def start(self) -> None:
+    def start(self, first: int) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.prof.step_num = first  # ProfilerStep#<first> is the window's first step
         self.prof.start()
         self.active = True
+
+    def next_step(self, n: int) -> None:
+        """Close ProfilerStep#<n-1> and open ProfilerStep#<n>."""
+        if self.active:
+            self.prof.step()
 
     def step(self, n: int):
         return torch.profiler.record_function(f"{profile.STEP_SPAN}#{n}")

@@ -288,13 +288,21 @@ class Profiling:
         resumed inside the window does not trace the rest (its first step after a restore is not
         a steady one, and the earlier attempt's trace is kept)."""
         win = self.window
+        if self.capture is not None and win.start < step <= win.end:  # the profiler's own step boundary
+            t0 = time.perf_counter()
+            try:
+                self.capture.next_step(step)
+            except Exception as e:  # noqa: BLE001 - profiling is an observer
+                log.warning(f"the profiler could not mark step {step}: {type(e).__name__}: {e}")
+            self._pause(t0)
+            return
         if not (win and step == win.start and self.capture is None and win.traced_by(self.engine.process_index)):
             return
         t0 = time.perf_counter()
         directory = profile.process_dir(self.cell_dir, self.engine.process_index)
         try:
             self.capture = self.engine.profiler(directory)
-            self.capture.start()
+            self.capture.start(step)
         except Exception as e:  # noqa: BLE001 - profiling is an observer: the run goes on untraced
             self.capture = None
             self._record(directory, {"error": f"{type(e).__name__}: {e}", "files": [], "breakdown": []}, t0)

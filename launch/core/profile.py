@@ -35,6 +35,10 @@ STEP_SPAN = "scaleout/step"  # the annotation around each profiled step (the ste
 DATA_SPAN = "scaleout/data"  # the annotation around building each batch
 PROFILE_DIR = "profile"
 BREAKDOWN_NAME = "breakdown.json"
+# PyTorch: every rank's trace file in one directory of the cell and nothing else there (HTA reads each
+# *.json/*.gz of a directory as a trace; torch-tb-profiler makes one run, with its Distributed view, of
+# a directory holding several workers' traces); each rank's breakdown.json stays in process-<i>/
+TRACES_DIR = "traces"
 
 # names of collective ops and kernels in either framework's trace (aten/c10d ops, gloo/NCCL
 # kernels, FSDP2's annotations, HLO opcodes)
@@ -69,12 +73,18 @@ def process_dir(cell_dir: Path, process: int) -> Path:
     return Path(cell_dir) / PROFILE_DIR / f"process-{process}"
 
 
+def traces_dir(process_directory: Path) -> Path:
+    """`CELL/profile/traces/`, beside the `process-<i>` directory given."""
+    return Path(process_directory).parent / TRACES_DIR
+
+
 class Capture(Protocol):
     """What a framework's profiler gives the loop: start, a span per step, stop, the breakdown."""
 
     directory: Path
 
-    def start(self) -> None: ...
+    def start(self, first: int) -> None: ...  # `first`: the window's first step, about to run
+    def next_step(self, n: int) -> None: ...  # step n (after the first) is about to run, outside its timing
     def step(self, n: int) -> Any: ...  # a context manager around the step's call
     def data(self) -> Any: ...  # a context manager around building a batch
     def stop(self) -> List[Path]: ...  # writes the trace; its files

@@ -2,7 +2,8 @@
 
 PATH is a cell directory, its `profile/` or `profile/process-<i>/` directory, or a trace file. The
 file served is the one Perfetto loads: JAX's newest `plugins/profile/<timestamp>/perfetto_trace.json.gz`,
-PyTorch's `rank<i>.pt.trace.json.gz`, of process 0 unless PATH names another process.
+PyTorch's `profile/traces/rank<i>.pt.trace.json.gz`, of process 0 unless PATH names another process
+(its `profile/process-<i>` directory, or the trace file itself).
 
 It is served the way Perfetto's own `tools/open_trace_in_ui` does: a local HTTP server on
 127.0.0.1 (port 9001 by default, the one port ui.perfetto.dev's Content-Security-Policy lets it fetch
@@ -28,7 +29,7 @@ from typing import List, Optional
 from urllib.parse import quote, unquote, urlsplit
 
 from launch.common.files import CONFIG_NAME
-from launch.core.profile import PROFILE_DIR
+from launch.core.profile import PROFILE_DIR, TRACES_DIR
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ DEFAULT_PORT = 9001
 JAX_TRACE = "perfetto_trace.json.gz"
 TORCH_TRACE = re.compile(r"^rank(\d+)\.pt\.trace\.json(\.gz)?$")
 LOADABLE = (".json", ".json.gz", ".pftrace", ".perfetto-trace", ".pb.gz")  # what Perfetto's UI opens from a URL
-WHAT = ("a cell directory, its profile/process-<i> directory, or a trace file "
+WHAT = ("a cell directory, its profile/process-<i> or profile/traces directory, or a trace file "
         f"({JAX_TRACE} or rank<i>.pt.trace.json.gz) of a run made with profile.steps=[START,END]")
 
 
@@ -57,6 +58,11 @@ def _in_process_dir(d: Path) -> Optional[Path]:
         return jax[-1]  # the newest capture: JAX names each after its start time
     if (d / JAX_TRACE).is_file():
         return d / JAX_TRACE
+    n = _process_number(d)
+    if n != sys.maxsize:  # PyTorch: process i's trace is rank i's, in the cell's shared traces directory
+        for name in (f"rank{n}.pt.trace.json.gz", f"rank{n}.pt.trace.json"):
+            if (d.parent / TRACES_DIR / name).is_file():
+                return d.parent / TRACES_DIR / name
     torch = sorted((p for p in d.iterdir() if p.is_file() and TORCH_TRACE.match(p.name)),
                    key=lambda p: (int(TORCH_TRACE.match(p.name).group(1)), not p.name.endswith(".gz")))
     return torch[0] if torch else None
@@ -100,7 +106,7 @@ def find(path: Path) -> Path:
                          "run it with profile.steps=[START,END], e.g. 'profile.steps=[5,7]'.")
     looked = candidates[0] if candidates else path
     raise TraceError(f"no trace under PATH={str(path)!r} (looked in {looked} for plugins/profile/*/{JAX_TRACE} and "
-                     f"rank*.pt.trace.json.gz); give {WHAT}.")
+                     f"rank*.pt.trace.json.gz, and in {TRACES_DIR}/ beside it); give {WHAT}.")
 
 
 def xprof_logdir(trace: Path) -> Path:
