@@ -180,10 +180,24 @@ class LocalConfig:
 
 
 @dataclass
+class WandbConfig:
+    """Weights & Biases: one W&B run per cell (process 0), grouped by the run; the report's plots on the group."""
+
+    enabled: bool = setting(False, "log each cell to W&B: the TensorBoard scalars, the resolved config, the summary "
+                            "(needs `pip install wandb`)")
+    mode: str = setting("offline", "offline: write under CELL/wandb/, no network or account, `wandb sync` later; "
+                        "online: stream to the W&B server (after `wandb login`)", choices=("offline", "online"))
+    project: str = setting("scaleout", "W&B project")
+    entity: Optional[str] = setting(None, "W&B entity (user or team); null: the account's default")
+    group: str = setting("${run.name}", "W&B group of the run's cells (and of its `report` run)")
+
+
+@dataclass
 class MetricsConfig:
     """What the trainers record besides metrics.jsonl."""
 
     tensorboard: bool = setting(False, "also write TensorBoard event files per cell")
+    wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
 @dataclass

@@ -411,6 +411,14 @@ def start_record(engine: Engine, cfg: Config) -> Dict[str, Any]:
                 settings=engine.settings, data=token_file_identity(cfg.data))
 
 
+def _wandb(cfg: Config, cell_dir: Path):
+    """The cell's W&B run, made by process 0's metrics writer (launch.core.wandb_run)."""
+    def make():
+        from launch.core import wandb_run
+        return wandb_run.WandbWriter(cfg.metrics.wandb, cell_dir, config_mod.to_dict(cfg), cfg.run.id)
+    return make
+
+
 def run(engine: Engine, cfg: Config, cell_dir: Path, *, process_start: float, stopper: StopRequest) -> Dict[str, Any]:
     """Train from the latest checkpoint to `stop_after` or `steps`, or until `stopper` asks; returns the summary.
 
@@ -420,7 +428,8 @@ def run(engine: Engine, cfg: Config, cell_dir: Path, *, process_start: float, st
     main = engine.process_index == 0
     t = cfg.train
     tb = cell_dir / files.TENSORBOARD_DIR if cfg.metrics.tensorboard else None
-    w = metrics.MetricsWriter(cell_dir / files.METRICS_NAME, enabled=main, tensorboard_dir=tb)
+    w = metrics.MetricsWriter(cell_dir / files.METRICS_NAME, enabled=main, tensorboard_dir=tb,
+                              wandb=_wandb(cfg, cell_dir) if cfg.metrics.wandb.enabled else None)
     w.write("start", **start_record(engine, cfg))
     summary = SummaryBuilder(engine, cfg)
     timer = StepTimer(process_start)

@@ -19,6 +19,8 @@
            stopped_by (the signal name, "launcher gone", or "peer" when another process stopped),
            final_eval_loss (the last eval record's loss; null without train.eval_every)
 A resumed cell appends; readers take the last summary and the step records of every segment.
+TensorBoard (`metrics.tensorboard`) and W&B (`metrics.wandb`) get the same scalars: `train/<field>`
+of each step record and `eval/loss`; W&B also the config and the summary (`launch.core.wandb_run`).
 
 Every line is strict JSON: a NaN or infinite value is written as `null`, and the record then has
 `non_finite`, the list of its fields that were not finite (nested ones as `a.b`, list entries as
@@ -41,15 +43,23 @@ from launch.common.files import read_records
 
 
 class MetricsWriter:
-    def __init__(self, path: Path, enabled: bool = True, tensorboard_dir: Optional[Path] = None):
+    """metrics.jsonl, and the same scalars to TensorBoard (`tensorboard_dir`) and W&B (`wandb`: a
+    callable making the `launch.core.wandb_run.WandbWriter`, called only where the writer is enabled)."""
+
+    def __init__(self, path: Path, enabled: bool = True, tensorboard_dir: Optional[Path] = None,
+                 wandb: Optional[Callable[[], Any]] = None):
         self.path, self.enabled = Path(path), enabled
         self._tb = None
+        self._wandb = None
+        self._failed = False
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._f = open(self.path, "a", buffering=1)
             if tensorboard_dir is not None:
                 from launch.core.tensorboard import EventWriter
                 self._tb = EventWriter(tensorboard_dir)
+            if wandb is not None:
+                self._wandb = wandb()
 
     def write(self, kind: str, **fields: Any) -> None:
         if not self.enabled:
@@ -60,16 +70,22 @@ class MetricsWriter:
         if bad:
             rec["non_finite"] = bad
         self._f.write(json.dumps(rec, default=str, allow_nan=False) + "\n")
-        if self._tb is not None and kind == "step":
-            self._tb.scalars(clean["step"], {k: v for k, v in clean.items() if k != "step"})
-        if self._tb is not None and kind == "eval":
-            self._tb.scalars(clean["step"], {"loss": clean["loss"]}, prefix="eval")
+        for sink in (self._tb, self._wandb):
+            if sink is not None and kind == "step":
+                sink.scalars(clean["step"], {k: v for k, v in clean.items() if k != "step"}, prefix="train")
+            if sink is not None and kind == "eval":
+                sink.scalars(clean["step"], {"loss": clean["loss"]}, prefix="eval")
+        if self._wandb is not None and kind == "summary":
+            self._wandb.summary(clean)
+            self._failed = clean.get("status") == "failed"
 
     def close(self) -> None:
         if self.enabled:
             self._f.close()
             if self._tb is not None:
                 self._tb.close()
+            if self._wandb is not None:
+                self._wandb.close(failed=self._failed)
 
 
 def _finite_or_none(value: Any, path: str, bad: List[str]) -> Any:

@@ -1,6 +1,6 @@
 """The files a config names, checked before anything runs: a `data.source=file` token file and its
 sidecar, a `model.init=hf:DIR` Hugging Face directory, and (for a cell) the `checkpoint.load_from`
-directory it would start from.
+directory it would start from; and the `wandb` package `metrics.wandb` needs.
 
 `launch.config` checks the keys themselves (types, ranges, rules between keys) and never opens a
 file of another part's format; the formats belong to `launch.data` (the token file's sidecar) and
@@ -26,6 +26,11 @@ def check(cfg: Config) -> None:
         problem = hf_weights.init_problem(m.init, m, params.param_shapes(m))
         if problem:
             raise ConfigError(problem)
+    if cfg.metrics.wandb.enabled:
+        from launch.core import wandb_run
+        if not wandb_run.installed():
+            raise ConfigError("metrics.wandb.enabled=true needs the wandb package, which is not installed here; "
+                              "pip install wandb (or scaleout[wandb]), or set metrics.wandb.enabled=false.")
     if cfg.data.source == "file" and cfg.data.path and "://" not in cfg.data.path:
         from launch.data.tokenizer import file_problem  # the sidecar's vocabulary, dtype, length and largest token
         problem = file_problem(cfg)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import math
 import re
 from pathlib import Path
@@ -30,6 +31,8 @@ from launch.common import files
 from launch.common.files import CONFIG_NAME, LOGS_DIR, METRICS_NAME, SWEEP_FILE
 from launch.core import attention
 from launch.report import breakdown as report_profile, projection as report_projection, projection_view
+
+log = logging.getLogger(__name__)
 
 ROW_FIELDS = ["cell", "framework", "devices", "processes", "global_batch", "tokens_per_s", "tokens_per_s_per_device",
               "mfu", "step_time_p50_s", "step_time_p90_s", "compile_s", "time_to_first_step_s",
@@ -252,6 +255,7 @@ def write(run_dir: Path, project_to: Optional[List[int]] = None) -> Dict[str, An
     profiled = report_profile.entries(run_dir, rows)
     projected = report_projection.section(rows, scaling, hw, report_projection.settings(rows, project_to))
     plots = _plots(run_dir, rows, derived, profiled, projected)
+    _wandb_media(run_dir, rows, plots)
     public = [{k: r.get(k) for k in ROW_FIELDS} for r in rows]
     doc = {"run_dir": str(run_dir), "model": rows[0]["_cfg"]["model"]["name"], "hardware": hw, "cells": public,
            "derived": derived, "plots": [p.name for p in plots], "workloads": workloads(rows),
@@ -266,6 +270,23 @@ def write(run_dir: Path, project_to: Optional[List[int]] = None) -> Dict[str, An
     files.atomic_write(run_dir / "report.csv", table.getvalue())
     files.atomic_write(run_dir / "report.md", _markdown(doc, rows))
     return {"md": run_dir / "report.md", "json": run_dir / "report.json", "csv": run_dir / "report.csv", "plots": plots}
+
+
+def _wandb_media(run_dir: Path, rows: List[Dict[str, Any]], plots: List[Path]) -> None:
+    """With metrics.wandb.enabled, the plots as images on the W&B group's `report` run (launch.core.wandb_run).
+    W&B is an observer here: a failure is a warning, the report stands."""
+    cfg = rows[0]["_cfg"]
+    settings = (cfg.get("metrics") or {}).get("wandb") or {}
+    if not (settings.get("enabled") and plots):
+        return
+    from launch.core import wandb_run
+    try:
+        rid = wandb_run.log_report(settings, run_dir, (cfg.get("run") or {}).get("id"), plots)
+    except Exception as e:  # noqa: BLE001 - the report is written either way
+        log.warning(f"could not log the report's plots to W&B: {type(e).__name__}: {e}")
+        return
+    if rid:
+        log.info(f"W&B: the plots are on run {rid} of group {settings.get('group')} ({settings.get('mode')})")
 
 
 def _fmt(v: Any, kind: str = "") -> str:
