@@ -4,10 +4,15 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+# Holistic Trace Analysis, xprof's converter and torch-tb-profiler, which tests/test_profile_tools.py opens traces
+# with: without their declared dependencies (HTA's jupyterlab; xprof's GCS client and web server), whose runtime
+# ones the test extra has
+TRACE_READERS := holistictraceanalysis xprof torch-tb-profiler
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test]'
+	$(BIN)/python -m pip install -q -c constraints.txt --no-deps $(TRACE_READERS)
 	touch $@
 
 # The tests also compile for TPU slices (`plan --compile target=tpu`): the tpu-aot extra brings libtpu (~680 MB).

@@ -1,6 +1,7 @@
-"""The profilers' own readers open scaleout's traces: Holistic Trace Analysis reads a 2-rank PyTorch
-cell's trace directory with both ranks and its steps (`ProfilerStep#N`), and xprof's converter (what
-`xprof --logdir` serves) turns a JAX cell's XSpace into its trace viewer and overview page.
+"""The profilers' own readers open scaleout's traces: Holistic Trace Analysis and torch-tb-profiler read
+a 2-rank PyTorch cell's trace directory with both ranks and its steps (`ProfilerStep#N`; the latter's
+Distributed view), and xprof's converter (what `xprof --logdir` serves) turns a JAX cell's XSpace into
+its trace viewer and overview page.
 
 Both tools are installed by `make install` without their notebook/cloud dependencies (see the
 Makefile); CI must have them, a bare checkout may skip.
@@ -28,7 +29,7 @@ def _spans(trace, prefix):
 
 
 @pytest.mark.slow
-def test_hta_reads_both_ranks_of_a_torch_cell_and_their_steps(tmp_path):
+def test_hta_and_tb_profiler_read_both_ranks_of_a_torch_cell_and_their_steps(tmp_path):
     _tool("hta")
     from hta.trace_analysis import TraceAnalysis
 
@@ -53,6 +54,21 @@ def test_hta_reads_both_ranks_of_a_torch_cell_and_their_steps(tmp_path):
         assert sorted(int(i) for i in analysis.t.get_trace(rank)["iteration"].unique() if i >= 0) == [3, 4], rank
     default = TraceAnalysis(trace_dir=str(traces))  # HTA leaves a trace's last ProfilerStep out unless asked
     assert sorted(int(i) for i in default.t.get_trace(0)["iteration"].unique() if i >= 0) == [3]
+
+    # torch-tb-profiler's loader (what `tensorboard --logdir=CELL/profile` runs): one run, a worker per rank,
+    # its steps, and the Distributed view comparing the ranks step by step
+    _tool("torch_tb_profiler")
+    from torch_tb_profiler import io as tb_io
+    from torch_tb_profiler.profiler.loader import RunLoader
+
+    run = RunLoader("traces", str(traces), tb_io.Cache(str(tmp_path / "tb-cache"))).load()
+    assert sorted(run.profiles) == [("All", "default"), ("rank0", "default"), ("rank1", "default")]
+    for rank in ("rank0", "rank1"):
+        assert [row[0] for row in run.profiles[(rank, "default")].overview["steps"]["rows"]] == ["3", "4"]
+    distributed = run.profiles[("All", "default")]
+    assert [v.name for v in distributed.views] == ["distributed"]
+    assert {k: sorted(v) for k, v in distributed.steps_to_overlap["data"].items()} == {
+        "all": ["rank0", "rank1"], "3": ["rank0", "rank1"], "4": ["rank0", "rank1"]}
 
     # scaleout's own breakdown and timing are what they were: the traced steps' parts sum to the timed step
     [rec] = [r for r in recs if r["kind"] == "profile"]
