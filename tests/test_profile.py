@@ -137,7 +137,8 @@ def _trace_steps(cell: Path, framework: str) -> list:
         trace = next(pdir.glob("plugins/profile/*/perfetto_trace.json.gz"))
         assert next(pdir.glob("plugins/profile/*/*.xplane.pb")).stat().st_size > 0
     else:
-        trace = pdir / "rank0.pt.trace.json.gz"
+        trace = cell / "profile" / "traces" / "rank0.pt.trace.json.gz"
+        assert sorted(p.name for p in trace.parent.iterdir()) == ["rank0.pt.trace.json.gz"]  # process 0 only
     with gzip.open(trace, "rt") as f:
         data = json.load(f)
     events = data["traceEvents"] if isinstance(data, dict) else data

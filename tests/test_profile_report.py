@@ -46,8 +46,9 @@ def test_section_table_and_errors_from_hand_made_records(tmp_path):
     _cell(run, "jax-d1", "jax", 1, {"error": None, "breakdown": [{"step": 2, **jax_step}, {"step": 3, **jax_step}], "mean": jax_step})
     torch_step = _split(0.2, matmul_attention=100, other_compute=50, collectives=40, host_data=2, idle=8)
     d = _cell(run, "torch-d1", "torch", 1, {"error": None, "breakdown": [{"step": 2, **torch_step}], "mean": torch_step})
-    (d / "profile" / "process-0").mkdir(parents=True)
-    (d / "profile" / "process-0" / "rank0.pt.trace.json.gz").write_bytes(b"x")
+    (d / "profile" / "process-0").mkdir(parents=True)  # the breakdown's directory; the trace beside it in traces/
+    (d / "profile" / "traces").mkdir()
+    (d / "profile" / "traces" / "rank0.pt.trace.json.gz").write_bytes(b"x")
     _cell(run, "jax-d2", "jax", 2, {"error": "RuntimeError: profiler | exploded", "breakdown": [], "mean": {}})
     _cell(run, "torch-d2", "torch", 2, None)  # not profiled: not in the section
     out = report.write(run)
@@ -59,7 +60,7 @@ def test_section_table_and_errors_from_hand_made_records(tmp_path):
     assert rows["torch-d1"].startswith("| torch-d1 | torch | 1 | 2–3 | 200 | 100 (50%) | 50.0 (25%) | 40.0 (20%) | 2.00 (1%) | 8.00 (4%) |")
     assert "**profile failed**: RuntimeError: profiler \\| exploded" in rows["jax-d2"]
     assert "excluded from the steady-state figures" in section
-    assert f"- torch-d1: `torch-d1/profile/process-0/rank0.pt.trace.json.gz`; open: `scaleout trace {run}/torch-d1`" in section
+    assert f"- torch-d1: `torch-d1/profile/traces/rank0.pt.trace.json.gz`; open: `scaleout trace {run}/torch-d1`" in section
     assert "- jax-d1: no trace file" in section and "![breakdown.png](breakdown.png)" in section
     assert "![breakdown.png]" not in md.split("## Plots", 1)[1]  # shown once, in its section
     assert (run / "breakdown.png").read_bytes()[:8] == PNG_MAGIC
