@@ -463,12 +463,17 @@ def test_profile_of_every_worker_is_copied_back(tmp_path, fake):
     """profile.steps on a 2-worker slice with profile.all_processes: each worker traces its own
     process, and the launcher brings both traces back next to the metrics (scp --recurse, which the
     emulation, like gcloud, requires for a directory)."""
-    p = run_cli(_args(tmp_path, fake, "devices=8", "train.steps=4", "profile.steps=[2,3]", "profile.all_processes=true"),
-                cwd=tmp_path, env=fake.env, timeout=600)
+    p = run_cli(_args(tmp_path, fake, "devices=8", "train.steps=4", "profile.steps=[2,3]", "profile.all_processes=true",
+                      "metrics.wandb.enabled=true"), cwd=tmp_path, env=fake.env, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     scps = [c for c in fake.calls() if c[2:4] == ["tpu-vm", "scp"] and "--recurse" in c]
-    assert sorted(next(a for a in c if a.startswith("--worker=")) for c in scps) == ["--worker=0", "--worker=1"]
+    profile_scps = [c for c in scps if any(a.endswith("/profile") for a in c)]
+    assert sorted(next(a for a in c if a.startswith("--worker=")) for c in profile_scps) == ["--worker=0", "--worker=1"]
     cell = tmp_path / "runs" / "t" / CELL
+    # the cell's offline W&B run, written by process 0 on worker 0, comes back too (the slice is deleted)
+    [wandb_scp] = [c for c in scps if c not in profile_scps]
+    assert "--worker=0" in wandb_scp and any(a.endswith("/wandb") for a in wandb_scp)
+    assert next((cell / "wandb").glob("offline-run-*/run-*.wandb")).stat().st_size > 0
     for i in (0, 1):
         assert next((cell / "profile" / f"process-{i}").glob("plugins/profile/*/perfetto_trace.json.gz")).stat().st_size > 0
         b = json.loads((cell / "profile" / f"process-{i}" / "breakdown.json").read_text())
@@ -485,6 +490,10 @@ def test_plan_shows_the_profile_copy_back(scaleout):
     assert code == 0, err
     lines = [line for line in out.splitlines() if "--recurse" in line]
     assert len(lines) == 1 and "/profile" in lines[0] and "--worker=0" in lines[0]
+    code, out, err = scaleout("plan", "target=tpu", "devices=8", "tpu.generation=v4", "metrics.wandb.enabled=true")
+    assert code == 0, err
+    lines = [line for line in out.splitlines() if "--recurse" in line]
+    assert len(lines) == 1 and "/wandb" in lines[0] and "--worker=0" in lines[0]
 
 
 def _launcher(tmp_path, fake, *extra, env=None):

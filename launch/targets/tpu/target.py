@@ -47,7 +47,7 @@ from launch.common import files
 from launch.common.files import CONFIG_NAME, METRICS_NAME
 from launch.config import ConfigError
 from launch.config.schema import Config
-from launch.core import profile
+from launch.core import profile, wandb_run
 from launch.targets import procs, shell
 from launch.targets.base import Cell, ForegroundTarget, JobInfo, Outcome, exit_code
 from launch.targets.errors import SubmitError
@@ -140,6 +140,8 @@ def plan_commands(cfg: Config, cell_dir: Path) -> List[str]:
     out.append(shlex.join(c.copy_back(f"{c.remote_cell}/{METRICS_NAME}", str(cell_dir / METRICS_NAME))))
     out += [shlex.join(c.copy_back(f"{c.remote_cell}/{profile.PROFILE_DIR}", str(cell_dir), worker=i, recurse=True))
             for i in profile_workers(cfg, s.workers)]
+    if cfg.metrics.wandb.enabled:
+        out.append(shlex.join(c.copy_back(f"{c.remote_cell}/{wandb_run.WANDB_DIR}", str(cell_dir), recurse=True)))
     if cfg.tpu.mode == "queued" and not cfg.tpu.keep:
         out.append(shlex.join(c.delete()))
     return out
@@ -360,6 +362,20 @@ def copy_profile_back(c: Commands, cfg: Config, cell_dir: Path, workers: int) ->
             log.warning(f"could not copy worker {i}'s profile back: {(p.stderr or '').strip()[-300:]}")
 
 
+def copy_wandb_back(c: Commands, cfg: Config, cell_dir: Path) -> None:
+    """CELL/wandb/ from worker 0, where process 0 wrote the cell's W&B run (offline: the only copy)."""
+    if not cfg.metrics.wandb.enabled:
+        return
+    try:
+        p = subprocess.run(c.copy_back(f"{c.remote_cell}/{wandb_run.WANDB_DIR}", str(cell_dir), recurse=True),
+                           capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        log.warning("copying the W&B run back from worker 0 took over 30 minutes; skipped (it stays on the worker)")
+        return
+    if p.returncode:
+        log.warning(f"could not copy the W&B run back from worker 0: {(p.stderr or '').strip()[-300:]}")
+
+
 def stop_workers(c: Commands, job: str) -> None:
     try:
         _run(c.stop(job), "stopping the trainers on the workers", timeout=300)
@@ -439,6 +455,7 @@ def run_cell(cell: Cell) -> Outcome:
         r = follow_workers(c, job, s.workers, cell_dir, cfg)
         copy_metrics_back(c, cell_dir)
         copy_profile_back(c, cfg, cell_dir, s.workers)
+        copy_wandb_back(c, cfg, cell_dir)
         if r.returncode:
             i = int(r.failed.rsplit("-", 1)[1])
             how = _describe_status(r.returncode)
@@ -460,6 +477,7 @@ def run_cell(cell: Cell) -> Outcome:
                 stop_workers(c, rec.job)
                 copy_metrics_back(c, cell_dir)
                 copy_profile_back(c, cfg, cell_dir, s.workers)
+                copy_wandb_back(c, cfg, cell_dir)
                 collect_logs(c, rec, cell_dir)
             deleted = True
             if rec.created and not cfg.tpu.keep:
@@ -528,6 +546,7 @@ def _finish(cell_dir: Path, rec: Record, result: str, stop: bool = False) -> Lis
             done.append(f"stopped the trainers on {rec.workers} worker(s)")
         copy_metrics_back(c, cell_dir)
         copy_profile_back(c, cfg, cell_dir, int(rec.workers or 0))
+        copy_wandb_back(c, cfg, cell_dir)
         collect_logs(c, rec, cell_dir)
         done.append("collected metrics.jsonl, the worker logs and the profile" if cfg.profile.steps
                     else "collected metrics.jsonl and the worker logs")
