@@ -209,3 +209,58 @@ def test_a_crash_inside_the_window_keeps_the_trace_of_the_steps_before_it(tmp_pa
     [rec] = [r for r in recs if r["kind"] == "profile"]
     assert rec["error"] is None and [r["step"] for r in rec["breakdown"]] == [3, 4]
     assert next((tmp_path / "crash" / "jax-d1" / "profile" / "process-0").glob("plugins/profile/*/perfetto_trace.json.gz"))
+
+
+# --------------------------------------------------------------------------- the profiler's own step marks
+
+def test_the_profilers_step_marks_stay_outside_the_step_timing(tmp_path, monkeypatch):
+    """The capture's `next_step` (PyTorch: prof.step(), the ProfilerStep#N boundary) runs before each traced
+    step after the first, outside the step timer, and its time is profiler overhead: step times and the
+    loop's rate are what they are without it. Fixed times: steps of 3, 1, 1, ... s, each profiler call 0.5 s."""
+    import contextlib
+
+    from launch.core import engine, loop, metrics
+    from tests.test_engine import Clock, FakeEngine, _cfg
+
+    clock = Clock()
+    monkeypatch.setattr(loop.time, "perf_counter", clock)
+    calls = []
+
+    class Capture:
+        def __init__(self, directory):
+            self.directory = directory
+
+        def start(self, first):
+            calls.append(("start", first))
+            clock.now += 0.5
+
+        def next_step(self, n):
+            calls.append(("next", n))
+            clock.now += 0.5
+
+        def step(self, n):
+            return contextlib.nullcontext()
+
+        def data(self):
+            return contextlib.nullcontext()
+
+        def stop(self):
+            calls.append(("stop",))
+            clock.now += 0.5
+            return []
+
+        def breakdown(self):
+            return [{"step": n, "trace_s": 1.0, **{c: 0.2 for c in profile.CATEGORIES}} for n in (3, 4, 5)]
+
+    fake = FakeEngine(clock, [3.0] + [1.0] * 7)
+    fake.profiler = Capture
+    cfg = _cfg("train.steps=8", "profile.steps=[3,5]", "train.warmup_exclude=1", "train.log_every=1",
+               "train.global_batch=8", "model.seq_len=32")
+    s = loop.run(fake, cfg, tmp_path, process_start=clock.now - 2.0, stopper=engine.Stopper())
+    recs = metrics.read(tmp_path / "metrics.jsonl")
+    assert calls == [("start", 3), ("next", 4), ("next", 5), ("stop",)]
+    assert [r["step_time_s"] for r in recs if r["kind"] == "step"] == pytest.approx([3.0] + [1.0] * 7, rel=1e-12)
+    [rec] = [r for r in recs if r["kind"] == "profile"]
+    assert rec["overhead_s"] == pytest.approx(2.0) and [r["measured_s"] for r in rec["breakdown"]] == pytest.approx([1.0] * 3)
+    assert s["profiled_steps"] == [3, 4, 5] and s["timed_steps"] == 4  # steps 2, 6, 7, 8
+    assert s["loop_tokens_per_s"] == pytest.approx(8 * 32 / 1.0, rel=1e-12) == s["tokens_per_s"]
