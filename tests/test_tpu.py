@@ -196,7 +196,7 @@ def test_failed_queued_resource_is_one_sentence_and_cleaned_up(tmp_path, fake):
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["devices=12", "train.global_batch=24"], r"devices=12 is not a v4 slice size; valid chip counts: 4, 8, 16"),
+    (["devices=2"], r"devices=2 is not a v4 slice size; valid chip counts: 4, 8, 16"),
     (["tpu.zone=us-west4"], r"tpu.zone='us-west4' is not a valid zone"),
     (["tpu.name=My_TPU"], r"tpu.name='My_TPU' is not a valid TPU name"),
     (["tpu.name=x;rm"], r"tpu.name='x;rm' is not a valid TPU name"),

@@ -78,8 +78,8 @@ def check(cfg: Config, run: RunDir, cells: Sequence[Cell]) -> Dict[str, Dict[str
     platform = gpu_preflight.platform_of(cfg)
     for c in cells:
         try:
+            target.validate(c.cfg)  # the target's own rules first: a file check cannot fix a wrong place
             inputs.check_cell(c.cfg)
-            target.validate(c.cfg)
             gpu_preflight.check_attention(c.cfg, platform)
         except ConfigError as e:
             raise ConfigError(f"cell {c.name}: {e}" if len(cells) > 1 else str(e)) from None
