@@ -61,6 +61,32 @@ def no_process_left_behind(tmp_path):
         pytest.fail("processes left behind: " + "; ".join(f"{pid} {cmd[:160]}" for pid, cmd in left), pytrace=False)
 
 
+@pytest.fixture(scope="session")
+def gcs_server():
+    """One Cloud Storage API emulator for the session (tests/gcs_emulator.py); tests take their own bucket."""
+    from gcs_emulator import GcsEmulator
+    server = GcsEmulator()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def gcs(gcs_server, monkeypatch):
+    """The emulator with a fresh bucket (`gcs.bucket`); this process's gs:// clients point at it, and
+    `gcs.env` is what a subprocess needs to reach it."""
+    bucket = gcs_server.new_bucket()
+    for k, v in gcs_server.env.items():
+        monkeypatch.setenv(k, v)
+
+    class Handle:
+        pass
+
+    h = Handle()
+    h.server, h.bucket, h.env, h.url = gcs_server, bucket, gcs_server.env, gcs_server.url
+    h.fs = gcs_server.fs
+    return h
+
+
 @pytest.fixture
 def scaleout(tmp_path, capsys):
     """Run the CLI in-process in tmp_path; returns (exit code, stdout, stderr)."""

@@ -2,7 +2,8 @@
 
 The emulation runs each worker's commands in its own sandbox with a TPU VM's environment (see its
 docstring): workers import only the shipped archive, the image's python3 is 3.10, chips are files
-in the sandbox, gs:// is one shared local "bucket", and the local ssh going away never stops a
+in the sandbox, gs:// is a real GCS API (tests/gcs_emulator.py, a bucket per test) that the workers'
+gcsfs / google-cloud-storage / TensorStore clients reach, and the local ssh going away never stops a
 remote command. Tests here must not touch any process they did not start: leftovers are found by
 the emulation's FAKE_TPU_NODE marker (under tmp_path) and killed by PID.
 """
@@ -62,10 +63,12 @@ def no_worker_left(tmp_path):
 
 
 class Fake:
-    def __init__(self, tmp_path: Path):
+    def __init__(self, tmp_path: Path, gcs=None):
         self.state = tmp_path / "gcloud"
+        self.gcs = gcs
+        self.bucket = gcs.bucket if gcs else "bucket"
         self.env = {"PATH": f"{FAKE}{os.pathsep}{os.environ['PATH']}", "FAKE_GCLOUD_ROOT": str(self.state),
-                    "FAKE_GCLOUD_PYTHON": sys.executable}
+                    "FAKE_GCLOUD_PYTHON": sys.executable, **(gcs.env if gcs else {})}
         self.venv = self.state / "image" / "venv"  # what the default tpu.setup would build on a worker
 
     def calls(self):
@@ -97,16 +100,16 @@ class Fake:
 
 
 @pytest.fixture
-def fake(tmp_path):
-    return Fake(tmp_path)
+def fake(tmp_path, gcs):
+    return Fake(tmp_path, gcs)
 
 
 def _args(tmp_path, fake, *extra):
     """A v4-16 slice (2 workers) of the v4 defaults; tpu.setup links the image's venv where the
     default setup would build it (no network here)."""
     return ["run", "target=tpu", "devices=8", "tpu.generation=v4", "run.name=t", f"run.dir={tmp_path}/runs",
-            "checkpoint.dir=gs://bucket/ckpt", "tpu.poll_interval_s=0.05", "train.steps=6", "checkpoint.async=false",
-            f'tpu.setup=["ln -sfn {fake.venv} ../venv"]', *extra]
+            f"checkpoint.dir=gs://{fake.bucket}/ckpt", "tpu.poll_interval_s=0.05", "train.steps=6", "checkpoint.async=false",
+            f'tpu.setup=["ln -sfn {fake.venv} ../venv", "ln -sfn {fake.venv} ../venv-torch"]', *extra]
 
 
 def _verbs(calls):
@@ -133,8 +136,9 @@ def test_queued_run_on_a_two_worker_slice(tmp_path, fake):
         verbs = _verbs(fake.calls())
         assert verbs[0] == "queued-resources create"
         assert verbs[1:4] == ["queued-resources describe"] * 3  # WAITING_FOR_RESOURCES, PROVISIONING, ACTIVE
-        # scp code; ssh: unpack + setup, free the chips, check python, start; 2 follows + 1 reconnect; scp metrics
-        assert verbs[4:] == ["tpu-vm scp"] + ["tpu-vm ssh"] * 4 + ["tpu-vm ssh"] * 3 + ["tpu-vm scp"]
+        # scp code (one per worker); ssh: unpack + setup, free the chips, check python, start; 2 follows + 1 reconnect;
+        # scp metrics
+        assert verbs[4:] == ["tpu-vm scp"] * 2 + ["tpu-vm ssh"] * 4 + ["tpu-vm ssh"] * 3 + ["tpu-vm scp"]
         create = fake.calls()[0]
         assert "--accelerator-type=v4-16" in create and "--node-id=scaleout-t" in create
         assert "--runtime-version=tpu-ubuntu2204-base" in create and "--zone=us-central2-b" in create
@@ -144,7 +148,7 @@ def test_queued_run_on_a_two_worker_slice(tmp_path, fake):
         recs = [json.loads(line) for line in (cell / "metrics.jsonl").read_text().splitlines()]
         s = summary(recs)
         assert s["status"] == "ok" and s["processes"] == 2 and s["devices"] == 8 and s["steps"] == 6
-        assert (fake.state / "gcs" / "bucket" / "ckpt" / "t" / CELL / "6").is_dir(), "the workers wrote no gs:// checkpoint"
+        assert fake.gcs.fs().exists(f"{fake.bucket}/ckpt/t/{CELL}/6/commit_success.txt"), "the workers wrote no gs:// checkpoint"
         rec = _record(tmp_path)
         assert rec["state"] == "ended" and rec["result"] == "COMPLETED"
         local = [(cell / "logs" / f"worker-{i}.log").read_text() for i in (0, 1)]
@@ -202,7 +206,11 @@ def test_failed_queued_resource_is_one_sentence_and_cleaned_up(tmp_path, fake):
     (["tpu.name=x;rm"], r"tpu.name='x;rm' is not a valid TPU name"),
     (["tpu.project=p$(id)"], r"tpu.project='p\$\(id\)' is not a valid GCP project id"),
     (["tpu.accelerator_type=v5litepod-16"], r"tpu.accelerator_type=v5litepod-16 has 16 chips but devices=8"),
-    (["framework=torch"], r"PyTorch on TPU needs torch_xla"),
+    (["data.source=file", "data.path=gs://b/tokens.bin"], r"data.path=gs://b/tokens.bin is a URL, but the trainers memory-map"),
+    (["model.init=hf:gs://b/hf"], r"model.init=hf:gs://b/hf is a URL"),
+    (["tpu.ssh_args=[internal-ip]"], r"tpu.ssh_args\[0\]='internal-ip' is not a gcloud flag"),
+    (["tpu.ssh_args=[--worker=1]"], r"tpu.ssh_args\[0\]=--worker=1 is a flag scaleout sets itself"),
+    (["tpu.create_args=[--valid-until-duration=1h]"], r"tpu.create_args\[0\]=--valid-until-duration=1h is a flag scaleout sets"),
     (["tpu.runtime_version=v2-alpha-tpuv6e"], r"tpu.runtime_version=v2-alpha-tpuv6e is the software version for v6e TPUs, not v4"),
     (["tpu.zone=us-east1-d"], r"tpu.zone=us-east1-d does not offer v4 TPUs \(Cloud TPU lists v4 in us-central2-b\)"),
     (["tpu.generation=v5p", "tpu.zone=us-west4-b"], r"tpu.zone=us-west4-b does not offer v5p TPUs"),
@@ -378,8 +386,9 @@ def test_default_setup_makes_a_python311_venv_with_the_pinned_stack():
     c = tpu.Commands(cfg, "v", "c")
     setup = c.unpack_and_setup()[-1]
     assert "python3 -m uv venv --python 3.11 --allow-existing ../venv" in setup
-    assert "uv pip install --python ../venv/bin/python --quiet -r pyproject.toml --extra jax -c constraints.txt 'jax[tpu]'" in setup
-    assert "../venv/bin/python -m jaxrun --config runs/" in c.start("j")[-1]
+    assert ("uv pip install --python ../venv/bin/python --quiet -r pyproject.toml --extra jax --extra gcs -c constraints.txt "
+            "'jax[tpu]'") in setup  # gcs: gcsfs + google-cloud-storage, which Orbax needs for gs://
+    assert "../venv/bin/python -m jaxrun --config runs/" in c.start("j")[0][-1]
     assert "sys.version_info[:2]" in c.check_python()[-1] and "(3, 11)" in c.check_python()[-1]
 
 

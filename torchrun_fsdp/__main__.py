@@ -2,7 +2,7 @@
 
 The rendezvous comes from the environment torchrun (or, under SLURM,
 `submitit.helpers.TorchDistributedEnvironment().export()`) sets: RANK, WORLD_SIZE, MASTER_ADDR...
-CPU uses gloo, CUDA uses NCCL. Started by hand without RANK, it runs as a single process.
+CPU uses gloo, CUDA uses NCCL, a TPU slice TorchTPU's tpu_dist (`torchrun_fsdp.tpu`). Started by hand without RANK, it runs as a single process.
 Everything around that (signal handlers first, logging, the failed summary of a failed start, the
 loop) is `launch.core.engine.run_trainer`, shared with the JAX trainer.
 """
@@ -26,13 +26,16 @@ def setup_distributed(cfg) -> None:
 
     from launch.core.engine import threads_per_process
 
+    from torchrun_fsdp import tpu
+
+    placement = tpu.placement() if tpu.on_tpu() else None  # TorchTPU's environment checked before joining
     if not dist.is_initialized():
         if "RANK" not in os.environ:  # started by hand as one process
             os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                               MASTER_PORT=os.environ.get("MASTER_PORT") or str(_free_port()))
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = placement.backend if placement else "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend)
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and (placement is None or placement.standin):
         torch.set_num_threads(threads_per_process(cfg, dist.get_world_size()))
     if dist.get_world_size() != cfg.devices:
         raise RuntimeError(f"devices={cfg.devices} but {dist.get_world_size()} ranks were started")

@@ -26,7 +26,7 @@ from launch.core import attention, engine, gpus
 from launch.core.flops import precision_of
 from launch.core.params import init_param, named_params
 from launch.data.batches import Batches, document_batch
-from torchrun_fsdp import parallel
+from torchrun_fsdp import parallel, tpu
 from torchrun_fsdp.checkpoint import Checkpointer
 from torchrun_fsdp.model import Transformer, cross_entropy, probe_attention, use_attention_kernel
 from torchrun_fsdp.profile import TorchCapture
@@ -53,7 +53,12 @@ class TorchEngine:
                          "float32_matmul_precision": torch.get_float32_matmul_precision()}
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.process_index, self.process_count = self.rank, self.world
-        if torch.cuda.is_available():
+        self.placement = tpu.placement() if tpu.on_tpu() else None
+        if self.placement is not None:  # a TPU slice through TorchTPU (or the emulation's CPU stand-in)
+            self.device = tpu.device(self.placement)
+            self.device_kind = tpu.device_kind(self.placement, cfg.tpu.generation)
+            self.settings["gpu_memory_fraction"] = None  # no GPU: nothing to limit
+        elif torch.cuda.is_available():
             # launch.core.gpus decides: 0 for a task bound to its own GPU (it sees only that one), else the local rank
             index = gpus.local_gpu_index(os.environ, torch.cuda.device_count())
             self.device = torch.device("cuda", 0 if index is None else index)
@@ -68,7 +73,12 @@ class TorchEngine:
             self.settings["gpu_memory_fraction"] = None  # no GPU: nothing to limit
         self.settings["mfu_peak"] = engine.mfu_peak_basis(self.device.type == "cpu", self.device_kind,
                                                           precision_of(cfg.model))
-        self.mesh = parallel.build_mesh(cfg, self.device.type)
+        if self.placement is not None:
+            from launch.config import mesh_shape
+            shape = mesh_shape(cfg)
+            self.mesh = tpu.mesh(self.placement, (shape["data"], shape["fsdp"]), ("data", "fsdp"))
+        else:
+            self.mesh = parallel.build_mesh(cfg, self.device.type)
         self.attention = resolve_attention(cfg, self.device)
         use_attention_kernel(self.attention.name)
         if self.attention.name != "flex":  # an SDPA kernel takes the document mask (refuses flex on CPU)
@@ -187,6 +197,8 @@ class TorchEngine:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
+        elif self.placement is not None:
+            tpu.synchronize(self.placement)
 
     def save(self, step: int) -> None:
         self.ckpt.save(step, engine.checkpoint_metadata(self.cfg, self.framework, self.world, self.versions(), step))
@@ -206,6 +218,9 @@ class TorchEngine:
         from launch.core.flops import datasheet_peak
         if self.device.type == "cuda":
             return datasheet_peak(self.device_kind, precision_of(self.cfg.model)) or 0.0
+        if self.device.type == "tpu":
+            return datasheet_peak(self.device_kind, precision_of(self.cfg.model)) or datasheet_peak(
+                f"tpu {self.cfg.tpu.generation}", precision_of(self.cfg.model)) or 0.0
         with _all_host_cores():
             return engine.cpu_peak_per_device(self.cfg.devices, self.rank, self.world, matmul=_cpu_matmul,
                                               barrier=dist.barrier, broadcast=_broadcast_from_rank0)
@@ -242,6 +257,9 @@ def resolve_document_mask_impl(choice: str, device_type: str) -> str:
     backward ("FlexAttention does not support backward on CPU"), so auto means sdpa there."""
     if choice == "auto":
         return "flex" if device_type == "cuda" else "sdpa"
+    if choice == "flex" and device_type == "tpu":
+        raise ValueError("torch.document_mask_impl=flex is not available on TPU: TorchTPU runs flex_attention as SDPA; "
+                         "use torch.document_mask_impl=sdpa (or auto).")
     if choice == "flex" and device_type == "cpu":
         raise ValueError("torch.document_mask_impl=flex cannot train on CPU: this torch has no flex_attention "
                          "backward on CPU; use torch.document_mask_impl=sdpa (or auto).")

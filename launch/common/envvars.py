@@ -26,6 +26,9 @@ TPU_SYSROOT = "SCALEOUT_TPU_SYSROOT"
 XLA_MEM_FRACTION = "XLA_PYTHON_CLIENT_MEM_FRACTION"
 # Where `jaxrun.aot` keeps its results (plan.cache_dir); empty: no cache.
 COMPILE_CACHE = "SCALEOUT_COMPILE_CACHE"
+# Set only by the gcloud emulation (tests/fake_gcloud), which has no TPU chips: "cpu" runs a framework=torch
+# TPU cell's ranks (started exactly as on a slice) on the CPU with gloo in place of torch_tpu's tpu_dist.
+TPU_STANDIN = "SCALEOUT_TPU_STANDIN"
 # The launcher's PID: a trainer whose launcher is gone stops (no orphans).
 PARENT_PID = "SCALEOUT_PARENT_PID"
 

@@ -444,11 +444,12 @@ def validate(cfg: Config) -> None:
     if m.attention_impl == "dense" and m.attention == "document" and cfg.torch.document_mask_impl == "flex":
         raise ConfigError("model.attention_impl=dense with torch.document_mask_impl=flex is not valid: flex_attention is "
                           "a fused kernel; use torch.document_mask_impl=sdpa (or auto) with dense, or attention_impl=auto.")
+    if m.init.startswith("hf:") and "://" in m.init:
+        raise ConfigError(f"model.init={m.init} is a URL, but the trainers read a Hugging Face directory from local disk; "
+                          "download it and give hf:DIR (on target=tpu scaleout copies DIR to every worker).")
     data, fsdp, tensor = resolve_parallel(cfg.devices, cfg.parallel.data, cfg.parallel.fsdp, cfg.parallel.tensor)
     if cfg.framework == "torch" and tensor > 1:
         raise ConfigError(f"parallel.tensor={tensor} is not supported with framework=torch: tensor parallelism is JAX-only; use parallel.fsdp or parallel.data.")
-    if cfg.framework == "torch" and cfg.target == "tpu":
-        raise ConfigError("framework=torch with target=tpu is not supported: PyTorch on TPU needs torch_xla, which scaleout does not drive; use framework=jax on TPU.")
     if m.n_heads % tensor:
         raise ConfigError(f"model.n_heads={m.n_heads} is not divisible by parallel.tensor={tensor}; each tensor shard needs whole heads.")
     if m.d_ff % tensor or m.vocab_size % tensor:
@@ -470,7 +471,11 @@ def validate(cfg: Config) -> None:
     if cfg.data.source == "file":
         if not cfg.data.path:
             raise ConfigError("data.path is not set: data.source=file needs a token file (make one with `scaleout prepare-data TEXT OUT.bin`).")
-        if "://" not in cfg.data.path and not Path(cfg.data.path).is_file():
+        if "://" in cfg.data.path:
+            raise ConfigError(f"data.path={cfg.data.path} is a URL, but the trainers memory-map a local token file; copy it "
+                              "(and its .meta.json sidecar) to this machine and give its path (on target=tpu scaleout copies "
+                              "it to every worker).")
+        if not Path(cfg.data.path).is_file():
             raise ConfigError(f"data.path={cfg.data.path!r} does not exist; give a token file written by `scaleout prepare-data`.")
     for key, values in cfg.sweep.extra.items():
         if key not in _LEAVES:

@@ -281,12 +281,18 @@ class TpuConfig:
                             choices=("on-demand", "spot", "reserved", "best-effort"))
     keep: bool = setting(False, "keep the slice after the run")
     poll_interval_s: float = setting(30.0, "describe every this many seconds while waiting for ACTIVE", gt=0)
-    timeout_s: float = setting(3600.0, "give up waiting for ACTIVE after this long", gt=0)
+    timeout_s: float = setting(3600.0, "give up waiting for ACTIVE after this long; also the queued resource's "
+                               "--valid-until-duration, so a request nobody waits for any more is never provisioned", gt=0)
     setup: Optional[List[str]] = setting(None, "commands run once per worker in the unpacked code; null: a uv Python 3.11 "
-                                         "venv with the pinned dependencies + jax[tpu]; a list replaces it")
+                                         "venv with the pinned dependencies + jax[tpu] (jax) or torch + torch_tpu "
+                                         "(torch); a list replaces it")
     gcloud: str = setting("gcloud", "the gcloud executable")
-    python: Optional[str] = setting(None, "interpreter on the workers (a leading ~/ expands there); null: "
-                                    "~/scaleout/venv/bin/python, made by the default tpu.setup")
+    python: Optional[str] = setting(None, "interpreter on the workers (a leading ~/ expands there); null: the default "
+                                    "tpu.setup's venv (~/scaleout/venv for jax, ~/scaleout/venv-torch for torch)")
+    ssh_args: List[str] = setting([], "extra gcloud flags for every tpu-vm ssh and scp, e.g. [--internal-ip]; "
+                                  "--tunnel-through-iap sends them through `gcloud alpha` (GA has no IAP)")
+    create_args: List[str] = setting([], "extra gcloud flags for queued-resources create, e.g. "
+                                     "[--network=NET, --subnetwork=SUB, --service-account=SA, --labels=team=ml]")
 
 
 @dataclass

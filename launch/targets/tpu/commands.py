@@ -7,7 +7,9 @@ words only. `scaleout plan` prints exactly these. On each worker, under its home
         runs/<run>/<cell>/config.yaml    what the trainer reads
         runs/<run>/<cell>/metrics.jsonl  what it writes (copied back from worker 0)
         runs/<run>/<cell>/job/<job>.log  the detached trainer's output, .pid its session, .exit its status
-    scaleout/venv/                       the Python environment the default tpu.setup makes (Python 3.11, uv)
+    scaleout/venv/                       the Python environment the default tpu.setup makes for JAX (Python 3.11, uv)
+    scaleout/venv-torch/                 the one it makes for PyTorch (torch from the CPU index + torch_tpu + libtpu)
+    scaleout/inputs/<name>-<hash>/       the cell's input files shipped from the launcher (token file, HF directory)
     scaleout/checkpoints/<run>/<cell>/   checkpoints of a single-host slice without a gs:// checkpoint.dir
 
 The trainer runs detached from the ssh session that starts it (`setsid nohup`), so a launcher
@@ -20,12 +22,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import shlex
 import subprocess
 import tarfile
 from pathlib import Path
-from typing import List, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf
 
@@ -33,8 +36,10 @@ from launch import config as config_mod
 from launch.common import envvars, files
 from launch.common.files import CONFIG_NAME
 from launch.config.schema import Config
+from launch.core import torch_tpu_env
 from launch.targets import shell
-from launch.targets.tpu.shapes import MIN_PYTHON, VENV_PYTHON, is_unset, runtime_version, slice_of, zone
+from launch.targets.tpu import inputs as tpu_inputs
+from launch.targets.tpu.shapes import MIN_PYTHON, VENV_PYTHON, VENV_TORCH_PYTHON, is_unset, runtime_version, slice_of, zone
 
 REMOTE_ROOT = "scaleout"  # under the worker's home
 REMOTE_RUN_DIR = "runs"  # run.dir on the workers, inside the unpacked code
@@ -49,26 +54,52 @@ START_WAIT_S = 60  # how long a follower waits for a trainer's pid file
 
 CAPACITY_FLAGS = {"on-demand": [], "spot": ["--spot"], "reserved": ["--reserved"], "best-effort": ["--best-effort"]}
 ALPHA_CAPACITY = {"best-effort"}  # `--best-effort` exists only in `gcloud alpha compute tpus queued-resources create`
+# `tpu-vm ssh` / `scp` flags that GA lacks ("IAP and Batching are not available for GA" in gcloud's source):
+# with one of them in tpu.ssh_args every ssh and scp goes through `gcloud alpha`.
+ALPHA_SSH_FLAGS = ("--tunnel-through-iap", "--batch-size")
 
 _NEED = ".".join(map(str, MIN_PYTHON))
 # The default tpu.setup: TPU VM images ship Python 3.10, so uv makes a Python 3.11 venv in
 # ~/scaleout/venv (downloading that Python if the image lacks it) and installs the project's
 # dependencies at the tested pins plus jax[tpu]; the project itself is not installed: the trainer
 # imports the unpacked archive only.
+# The gcs extra (gcsfs, google-cloud-storage) is what Orbax/etils and DCP need for gs:// checkpoints.
 DEFAULT_SETUP = [
     "python3 -m pip install --user --quiet uv",
     f"python3 -m uv venv --python {_NEED} --allow-existing ../venv",
-    f"python3 -m uv pip install --python {VENV_PYTHON} --quiet -r pyproject.toml --extra jax -c constraints.txt jax[tpu]",
+    f"python3 -m uv pip install --python {VENV_PYTHON} --quiet -r pyproject.toml --extra jax --extra gcs -c constraints.txt jax[tpu]",
+]
+# PyTorch on TPU is TorchTPU (torch_tpu): its own venv, because torch_tpu needs a newer libtpu than the one
+# jax[tpu] pins (constraints.txt), and because it hooks every `import torch` of the environment it is in.
+# torch comes from PyTorch's CPU index (the PyPI wheel is a CUDA build); torch-tpu.txt pins torch_tpu and
+# its libtpu over constraints.txt's.
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+TORCH_TPU_PINS = "torch-tpu.txt"
+DEFAULT_TORCH_SETUP = [
+    "python3 -m pip install --user --quiet uv",
+    f"python3 -m uv venv --python {_NEED} --allow-existing ../venv-torch",
+    f"python3 -m uv pip install --python {VENV_TORCH_PYTHON} --quiet --extra-index-url {TORCH_CPU_INDEX} "
+    f"--index-strategy unsafe-best-match -r pyproject.toml --extra torch --extra gcs -c constraints.txt "
+    f"--override {TORCH_TPU_PINS} -r {TORCH_TPU_PINS}",
 ]
 
 
 def python_of(cfg: Config) -> str:
     """The interpreter that runs the trainer on the workers: tpu.python, or the default setup's venv."""
-    return VENV_PYTHON if is_unset(cfg, "python") else cfg.tpu.python
+    if not is_unset(cfg, "python"):
+        return cfg.tpu.python
+    return VENV_TORCH_PYTHON if cfg.framework == "torch" else VENV_PYTHON
 
 
 def setup_of(cfg: Config) -> List[str]:
-    return list(DEFAULT_SETUP) if is_unset(cfg, "setup") else [s for s in cfg.tpu.setup if s.strip()]
+    if is_unset(cfg, "setup"):
+        return list(DEFAULT_TORCH_SETUP if cfg.framework == "torch" else DEFAULT_SETUP)
+    return [s for s in cfg.tpu.setup if s.strip()]
+
+
+def valid_until(cfg: Config) -> str:
+    """tpu.timeout_s as a gcloud duration: the queued resource expires when the launcher stops waiting."""
+    return f"{max(1, math.ceil(cfg.tpu.timeout_s))}s"
 
 
 def one_command(words: str) -> str:
@@ -85,7 +116,9 @@ def remote_config_text(cell_cfg: Config, cell: str) -> str:
     """The cell config as the workers see it: run dir and compilation cache inside the unpacked code;
     a local checkpoint.dir (single-host slices only) becomes ~/scaleout/checkpoints/<run>/<cell> on the
     worker, resolved there by the config loader (`${oc.env:HOME}`); gs:// stays as it is."""
-    data = config_mod.to_dict(config_mod.replace(cell_cfg, {"run.dir": REMOTE_RUN_DIR, "jax.cache_dir": ".jax_cache"}))
+    updates = {"run.dir": REMOTE_RUN_DIR, "jax.cache_dir": ".jax_cache",
+               **{k: f"${{oc.env:HOME}}/{REMOTE_ROOT}/{v}" for k, v in tpu_inputs.remote_values(cell_cfg).items()}}
+    data = config_mod.to_dict(config_mod.replace(cell_cfg, updates))
     if not files.is_remote(cell_cfg.checkpoint.dir):
         data["checkpoint"]["dir"] = f"${{oc.env:HOME}}/{REMOTE_ROOT}/checkpoints/{cell_cfg.run.name}/{cell}"
     return OmegaConf.to_yaml(OmegaConf.create(data))
@@ -121,7 +154,15 @@ class Commands:
         s = slice_of(self.cfg)
         return self.tpus("queued-resources", "create", self.node, f"--node-id={self.node}",
                          f"--accelerator-type={s.accelerator_type}", f"--runtime-version={runtime_version(self.cfg)}",
-                         *self.scope(), *CAPACITY_FLAGS[self.t.capacity], alpha=self.t.capacity in ALPHA_CAPACITY)
+                         *self.scope(), *CAPACITY_FLAGS[self.t.capacity], f"--valid-until-duration={valid_until(self.cfg)}",
+                         *self.t.create_args, alpha=self.t.capacity in ALPHA_CAPACITY)
+
+    def _vm(self, *args: str, last: Sequence[str] = ()) -> List[str]:
+        """`gcloud [alpha] compute tpus tpu-vm ssh|scp ARGS --zone.. [tpu.ssh_args] LAST` (alpha when one of
+        tpu.ssh_args exists only there)."""
+        extra = list(self.t.ssh_args)
+        alpha = any(a.split("=", 1)[0] in ALPHA_SSH_FLAGS for a in extra)
+        return self.tpus("tpu-vm", *args, *self.scope(), *extra, *last, alpha=alpha)
 
     def describe_queued(self) -> List[str]:
         return self.tpus("queued-resources", "describe", self.node, *self.scope(), "--format=value(state.state)")
@@ -133,14 +174,33 @@ class Commands:
         return self.tpus("tpu-vm", "describe", self.node, *self.scope(), "--format=json")
 
     def ssh(self, worker: str, command: str) -> List[str]:
-        return self.tpus("tpu-vm", "ssh", self.node, f"--worker={worker}", *self.scope(), f"--command={command}")
+        return self._vm("ssh", self.node, f"--worker={worker}", last=[f"--command={command}"])
 
-    def scp_to_all(self, local: str) -> List[str]:
-        return self.tpus("tpu-vm", "scp", local, f"{self.node}:{self.archive}", "--worker=all", *self.scope())
+    def scp_to(self, worker: int, local: str, remote: str, recurse: bool = False) -> List[str]:
+        """Copy to ONE worker. `--worker=all` with several workers makes gcloud check that an ssh-agent that
+        is running holds its key (VerifyKeyInAgent) and fail otherwise; one scp per worker, run in
+        parallel, never asks (what MaxText's multihost_runner does)."""
+        return self._vm("scp", local, f"{self.node}:{remote}", f"--worker={worker}", last=["--recurse"] if recurse else [])
+
+    def ship_code(self, local: str, workers: int) -> List[List[str]]:
+        """The code archive to every worker, one scp each (run concurrently)."""
+        return [self.scp_to(i, local, self.archive) for i in range(workers)]
+
+    def ship_inputs(self, workers: int) -> List[List[str]]:
+        """The cell's input files (launch.targets.tpu.inputs) to every worker: mkdir, then one scp per file and worker."""
+        items = tpu_inputs.shipped(self.cfg)
+        if not items:
+            return []
+        dirs = sorted({str(Path(REMOTE_ROOT, it.remote).parent) for it in items})
+        out = [self.ssh("all", shlex.join(["mkdir", "-p", *dirs]))]
+        for it in items:
+            remote = f"{REMOTE_ROOT}/{it.remote}"
+            out += [self.scp_to(i, it.local, str(Path(remote).parent) if it.recurse else remote, recurse=it.recurse)
+                    for i in range(workers)]
+        return out
 
     def copy_back(self, remote: str, local: str, worker: int = 0, recurse: bool = False) -> List[str]:
-        return self.tpus("tpu-vm", "scp", f"{self.node}:{remote}", local, f"--worker={worker}", *self.scope(),
-                         *(["--recurse"] if recurse else []))
+        return self._vm("scp", f"{self.node}:{remote}", local, f"--worker={worker}", last=["--recurse"] if recurse else [])
 
     # ------------------------------------------------------------------ remote scripts
 
@@ -185,16 +245,36 @@ class Commands:
     def job_file(self, job: str, ext: str) -> str:
         return f"{self.job_dir}/{job}.{ext}"  # relative to remote_dir
 
-    def start(self, job: str) -> List[str]:
+    def start(self, job: str, hosts: Optional[Sequence[str]] = None) -> List[List[str]]:
         """Start the trainer on every worker in its own session, detached from ssh: the session
         leader records its PID, ignores SIGTERM itself (so it outlives a stop and records the exit
-        status) and runs the trainer with default signal handling."""
+        status) and runs the trainer with default signal handling.
+
+        JAX: one `--worker=all` ssh, one process per worker (jax.distributed finds the slice).
+        PyTorch: one ssh per worker (run concurrently), each starting `torchrun` with one process per
+        chip and the environment TorchTPU's `python -m torch.tpu.distributed` would compute for that
+        worker (launch.core.torch_tpu_env), `hosts` being the workers' internal IPs in worker order."""
+        if self.cfg.framework != "torch":
+            return [self._start_on("all", job, {}, ["-m", "jaxrun"])]
+        s = slice_of(self.cfg)
+        hosts = list(hosts or [f"<worker-{i}-ip>" for i in range(s.workers)])
+        per_host = s.chips // s.workers
+        out = []
+        for i in range(s.workers):
+            env = torch_tpu_env.launch_env(hosts, per_host, i, master_port=torch_tpu_env.master_port(job),
+                                           session=torch_tpu_env.session_id(job))
+            out.append(self._start_on(str(i), job, env, torch_tpu_env.torchrun_args(env) + ["-m", "torchrun_fsdp"]))
+        return out
+
+    def _start_on(self, worker: str, job: str, extra_env: Dict[str, str], program: List[str]) -> List[str]:
         pid, exit_, log = (q(self.job_file(job, e)) for e in ("pid", "exit", "log"))
-        env = f"{envvars.DISTRIBUTED}=tpu PYTHONUNBUFFERED=1 {envvars.LOG_LEVEL}={os.environ.get(envvars.LOG_LEVEL, 'INFO')}"
-        trainer = shell.word(self.python) + " " + shlex.join(["-m", "jaxrun", "--config", f"{self.cell_rel}/{CONFIG_NAME}"])
-        leader = "; ".join([f"echo $$ > {pid}", "trap '' TERM", f"( trap - TERM; exec env {env} {trainer} )",
+        env = {envvars.DISTRIBUTED: "tpu", "PYTHONUNBUFFERED": "1",
+               envvars.LOG_LEVEL: os.environ.get(envvars.LOG_LEVEL, "INFO"), **extra_env}
+        trainer = shell.word(self.python) + " " + shlex.join([*program, "--config", f"{self.cell_rel}/{CONFIG_NAME}"])
+        leader = "; ".join([f"echo $$ > {pid}", "trap '' TERM",
+                            f"( trap - TERM; exec env {' '.join(f'{k}={q(v)}' for k, v in env.items())} {trainer} )",
                             f"echo $? > {exit_}.tmp", f"mv {exit_}.tmp {exit_}"])
-        return self.ssh("all", self._in_code(
+        return self.ssh(worker, self._in_code(
             f"mkdir -p {q(self.job_dir)} || exit 1; rm -f {pid} {exit_}; "
             f"setsid nohup bash -c {q(leader)} > {log} 2>&1 < /dev/null & echo started"))
 

@@ -51,6 +51,7 @@ KNOWN_ZONES = {z for zones in ZONES.values() for z in zones}
 # Where the default tpu.setup puts the worker's Python environment, relative to the unpacked code
 # (~/scaleout/<code version>/): ~/scaleout/venv, shared by every code version.
 VENV_PYTHON = "../venv/bin/python"
+VENV_TORCH_PYTHON = "../venv-torch/bin/python"  # framework=torch: torch + torch_tpu, in a venv of their own
 MIN_PYTHON = (3, 11)  # what the pinned stack (constraints.txt: jax 0.10) needs; TPU VM images have 3.10
 
 

@@ -1,10 +1,12 @@
-"""The Cloud TPU target, through the `gcloud` CLI (JAX only).
+"""The Cloud TPU target, through the `gcloud` CLI (JAX, and PyTorch through TorchTPU).
 
 Lifecycle of a cell (`tpu.mode=queued`):
   1. queued-resources create (capacity flag from tpu.capacity; `best-effort` through
      `gcloud alpha`), 2. describe until ACTIVE (transient describe failures are retried;
      FAILED/SUSPENDED or a timeout: one-sentence error, then delete), 3. scp an archive of the
-     project's tracked files plus the cell's config to every worker, unpack it into a versioned
+     project's tracked files plus the cell's config to every worker (one scp per worker, in
+     parallel: `--worker=all` fails when an ssh-agent lacks gcloud's key), and the cell's input
+     files (token file, HF directory: launch.targets.tpu.inputs), unpack it into a versioned
      directory, run tpu.setup (by default: a Python 3.11 venv made with uv, the pinned
      dependencies and jax[tpu]), 4. free the chips (kill whatever holds /dev/accel* or
      /dev/vfio/*, wait for it, remove libtpu's lock file), 5. check the workers' Python, 6. start
@@ -39,6 +41,7 @@ import sys
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -56,7 +59,7 @@ from launch.targets.tpu.shapes import Slice, check_runtime_and_zone, runtime_ver
 
 log = logging.getLogger(__name__)
 NAME_RE = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")  # GCP resource names (RFC 1035)
-ZONE_RE = re.compile(r"[a-z]+-[a-z]+[0-9]+-[a-z]")
+ZONE_RE = re.compile(r"[a-z]+-[a-z]+[0-9]+-[a-z0-9]+")  # us-west4-a, and Cloud TPU's AI zones: us-central1-ai1a
 PROJECT_RE = re.compile(r"[a-z][-a-z0-9]{4,28}[a-z0-9]")
 VERSION_RE = re.compile(r"[a-z0-9][-a-z0-9._]*")
 PLACEHOLDER_RE = re.compile(r"change-?me", re.IGNORECASE)
@@ -64,6 +67,11 @@ JOB_RECORD = files.TPU_JOB_FILE  # <cell>/JOB_RECORD: the cell's slice and detac
 FOLLOW = Path(__file__).with_name("follow.py")
 VERSION_ID_RE = re.compile(r"[0-9a-f]{12}")  # commands.build_archive: the archive's content hash
 JOB_ID_RE = re.compile(r"\d{8}T\d{6}-[0-9a-f]{4}")  # new_job_id()
+FLAG_RE = re.compile(r"--[a-z][a-z0-9-]*")
+# Flags scaleout writes itself: a tpu.ssh_args / tpu.create_args entry may not set them again.
+OWN_SSH_FLAGS = {"--zone", "--project", "--worker", "--command", "--recurse"}
+OWN_CREATE_FLAGS = {"--zone", "--project", "--node-id", "--accelerator-type", "--runtime-version", "--spot", "--reserved",
+                    "--best-effort", "--guaranteed", "--valid-until-duration", "--valid-until-time"}
 DESCRIBE_RETRIES = 5  # consecutive failed `describe` calls tolerated while waiting for ACTIVE
 DELETE_ATTEMPTS = 4
 FOLLOW_RETRIES = 5  # consecutive lost ssh connections tolerated per worker while following
@@ -76,8 +84,6 @@ def validate(cfg: Config, checkpoints: bool = True) -> None:
     """Every config rule of the TPU target (`run` and `sweep` refuse before anything is created);
     `plan` skips the checkpoint rules and shows their sentence as a note instead."""
     t = cfg.tpu
-    if cfg.framework != "jax":
-        raise ConfigError("framework=torch with target=tpu is not supported: PyTorch on TPU needs torch_xla, which scaleout does not drive; use framework=jax on TPU.")
     if not NAME_RE.fullmatch(t.name):
         raise ConfigError(f"tpu.name={t.name!r} is not a valid TPU name: lower-case letters, digits and hyphens, starting with a letter, at most 63 characters.")
     if t.zone is not None and not ZONE_RE.fullmatch(t.zone):
@@ -93,6 +99,14 @@ def validate(cfg: Config, checkpoints: bool = True) -> None:
             shlex.split(entry)
         except ValueError as e:
             raise ConfigError(f"tpu.setup[{i}]={entry!r} is not valid: {e}; write one command per entry.") from None
+    for key, own in (("ssh_args", OWN_SSH_FLAGS), ("create_args", OWN_CREATE_FLAGS)):
+        for i, arg in enumerate(getattr(t, key)):
+            flag = str(arg).split("=", 1)[0]
+            if not FLAG_RE.fullmatch(flag):
+                raise ConfigError(f"tpu.{key}[{i}]={arg!r} is not a gcloud flag; write each as one --flag or --flag=value entry.")
+            if flag in own:
+                raise ConfigError(f"tpu.{key}[{i}]={arg} is a flag scaleout sets itself ({', '.join(sorted(own))}); "
+                                  "set it through its tpu.* key instead.")
     s = slice_of(cfg)
     check_runtime_and_zone(cfg)
     if checkpoints:
@@ -130,11 +144,18 @@ def plan_commands(cfg: Config, cell_dir: Path) -> List[str]:
     if cfg.tpu.mode == "queued":
         out += [shlex.join(c.create()),
                 shlex.join(c.describe_queued()) + f"   # repeated every {cfg.tpu.poll_interval_s:g} s until ACTIVE (at most {cfg.tpu.timeout_s:g} s)"]
+        if cfg.framework == "torch":
+            out.append(shlex.join(c.describe_vm()) + "   # the workers' internal IPs (networkEndpoints) for TorchTPU")
     else:
         out.append(shlex.join(c.describe_vm()))
-    out += [shlex.join(c.scp_to_all(f"{cell_dir.parent}/tpu/{c.archive}")), shlex.join(c.unpack_and_setup()),
-            shlex.join(c.free_chips()), shlex.join(c.check_python()),
-            shlex.join(c.start(job)) + "   # detached: the trainers outlive this ssh and this launcher"]
+    concurrently = "   # concurrently, one per worker"
+    out += [shlex.join(a) + concurrently for a in c.ship_code(f"{cell_dir.parent}/tpu/{c.archive}", s.workers)]
+    out += [shlex.join(a) + ("" if "ssh" in a else concurrently) for a in c.ship_inputs(s.workers)]
+    out += [shlex.join(c.unpack_and_setup()), shlex.join(c.free_chips()), shlex.join(c.check_python())]
+    starts = c.start(job)
+    out += [shlex.join(a) + "   # detached: the trainers outlive this ssh and this launcher"
+            + (", one torchrun per worker, concurrently" if len(starts) > 1 or cfg.framework == "torch" else "")
+            for a in starts]
     out += [shlex.join(c.follow(i, job)) + "   # concurrently for every worker, reconnecting from the last byte received"
             for i in range(s.workers)]
     out.append(shlex.join(c.copy_back(f"{c.remote_cell}/{METRICS_NAME}", str(cell_dir / METRICS_NAME))))
@@ -148,6 +169,27 @@ def plan_commands(cfg: Config, cell_dir: Path) -> List[str]:
 
 
 # --------------------------------------------------------------------------- gcloud calls
+
+def _run_all(argvs: Sequence[List[str]], what: str, timeout: Optional[float] = None) -> List[str]:
+    """Run gcloud commands concurrently (one per worker); the first failure, in order, is raised."""
+    if len(argvs) <= 1:
+        return [_run(a, what, timeout) for a in argvs]
+    with ThreadPoolExecutor(max_workers=min(len(argvs), 16)) as pool:
+        futures = [pool.submit(_run, a, what, timeout) for a in argvs]
+        return [f.result() for f in futures]
+
+
+def worker_hosts(c: Commands, workers: int) -> List[str]:
+    """The workers' internal IPs, in worker order (`tpu-vm describe`'s networkEndpoints)."""
+    try:
+        desc = json.loads(_run(c.describe_vm(), f"describing TPU VM {c.node}", timeout=300))
+    except ValueError:
+        raise SubmitError(f"describing TPU VM {c.node} returned no JSON") from None
+    hosts = [e.get("ipAddress") for e in desc.get("networkEndpoints", [])]
+    if len(hosts) != workers or not all(hosts):
+        raise SubmitError(f"TPU VM {c.node} lists {len(hosts)} worker address(es), but the slice has {workers} workers")
+    return hosts
+
 
 def _run(argv: List[str], what: str, timeout: Optional[float] = None) -> str:
     """Run a gcloud command; a failure is a SubmitError: the remote `[scaleout] error:` sentence if
@@ -440,7 +482,13 @@ def run_cell(cell: Cell) -> Outcome:
             rec.save(created=True, state="creating")
             wait_active(c, cfg)
         log.info(f"shipping {archive.name} to {s.workers} worker(s) and running tpu.setup")
-        _run(c.scp_to_all(str(archive)), "copying the code to the workers")
+        _run_all(c.ship_code(str(archive), s.workers), "copying the code to the workers")
+        shipping = c.ship_inputs(s.workers)
+        if shipping:
+            log.info(f"shipping the cell's input files to {s.workers} worker(s)")
+            _run(shipping[0], "making the input directories on the workers", timeout=300)
+            _run_all(shipping[1:], "copying the cell's input files to the workers")
+        hosts = worker_hosts(c, s.workers) if cfg.framework == "torch" else None
         _run(c.unpack_and_setup(), "unpacking the code and running tpu.setup")
         for line in _run(c.free_chips(), "freeing the TPU chips", timeout=600).splitlines():
             log.info(line)
@@ -451,7 +499,7 @@ def run_cell(cell: Cell) -> Outcome:
                  started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         log.info(f"starting the trainers (job {job}); they run detached: if this launcher goes away, "
                  f"`scaleout status {cell_dir.parent}` finds them again")
-        _run(c.start(job), "starting the trainers on the workers", timeout=300)
+        _run_all(c.start(job, hosts), "starting the trainers on the workers", timeout=300)
         r = follow_workers(c, job, s.workers, cell_dir, cfg)
         copy_metrics_back(c, cell_dir)
         copy_profile_back(c, cfg, cell_dir, s.workers)
