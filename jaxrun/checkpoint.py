@@ -50,7 +50,7 @@ class Checkpointer:
             from jax.experimental import multihost_utils
             if jax.process_index() == 0:
                 for step, _ in got.skipped:
-                    engine.set_aside(Path(got.root) / str(step))
+                    engine.set_aside(f"{got.root}/{step}" if "://" in got.root else Path(got.root) / str(step))
             if jax.process_count() > 1:
                 multihost_utils.sync_global_devices("scaleout-set-aside-damaged-checkpoints")
             self.manager.reload()

@@ -63,8 +63,7 @@ class StepStore:
         self.fs = None
         if self.remote:
             import fsspec
-            self.fs, self._base = fsspec.core.url_to_fs(self.root)
-            self._scheme = self.root.split("://", 1)[0]
+            self.fs, _ = fsspec.core.url_to_fs(self.root)
 
     # ------------------------------------------------------------------ paths
     def step_path(self, step: int) -> str:
@@ -79,9 +78,6 @@ class StepStore:
         if self.remote:
             return {"checkpoint_id": path, "storage_writer": no_rename_writer(path)}
         return {"checkpoint_id": path}
-
-    def _url(self, key: str) -> str:
-        return key if "://" in key else f"{self._scheme}://{key}"
 
     # ------------------------------------------------------------------ writing (rank 0)
     def prepare(self, step: int) -> None:
@@ -120,15 +116,8 @@ class StepStore:
     def _rm(self, path: str) -> None:
         """Remove a step's objects, COMMIT first: a removal cut short leaves an incomplete step, never a
         complete-looking one with files missing."""
-        try:
-            self.fs.rm_file(f"{path}/{COMMIT}")
-        except FileNotFoundError:
-            pass
-        try:
-            self.fs.rm(path, recursive=True)
-        except FileNotFoundError:
-            pass
-        self.fs.invalidate_cache(path)
+        from launch.core import objstore
+        objstore.remove(path)
 
     # ------------------------------------------------------------------ reading
     def _names(self) -> List[str]:
@@ -163,21 +152,8 @@ class StepStore:
         return json.loads(Path(path).read_text())
 
     def set_aside(self, step: int) -> str:
-        """Move a damaged step out of the way as `step_<N>.corrupt` (rank 0); on gs:// a copy of its
-        objects then their removal (COMMIT first), on disk launch.core.engine.set_aside's rename."""
+        """Move a damaged step out of the way as `step_<N>.corrupt` (rank 0): launch.core.engine's rule (on
+        gs:// a copy of its objects, then their removal, COMMIT first)."""
+        from launch.core import engine
         path = self.step_path(step)
-        if not self.remote:
-            from launch.core import engine
-            return str(engine.set_aside(Path(path)))
-        names = set(self._names())
-        target, n = f"step_{step}.corrupt", 2
-        while target in names:
-            target, n = f"step_{step}.corrupt-{n}", n + 1
-        dest = f"{self.root}/{target}"
-        for key in self.fs.find(path):
-            rel = key[len(path.split("://", 1)[1]):].lstrip("/")
-            if rel != COMMIT:
-                self.fs.copy(self._url(key), f"{dest}/{rel}")
-        self._rm(path)
-        log.warning(f"damaged checkpoint {path} kept for inspection as {dest}")
-        return dest
+        return str(engine.set_aside(path if self.remote else Path(path)))

@@ -35,7 +35,9 @@ PARENT_PID = "SCALEOUT_PARENT_PID"
 
 def process_index() -> int:
     """This process's index before any distributed runtime exists (0 when started alone)."""
-    for name in (PROCESS_ID, "RANK", "SLURM_PROCID", "TPU_WORKER_ID", "CLOUD_TPU_TASK_ID"):
+    # RANK first: only torch launchers set it, and a PyTorch rank on a TPU worker is one of several there
+    # (the worker's index, what the others say, is not its rank).
+    for name in ("RANK", PROCESS_ID, "SLURM_PROCID", "TPU_WORKER_ID", "CLOUD_TPU_TASK_ID"):
         value = os.environ.get(name)
         if value is not None and value.strip().isdigit():
             return int(value)

@@ -415,9 +415,14 @@ def restore_latest(cfg: "Config", steps: Callable[[str], Sequence[int]],
                                f"directories out of {found.root} to start fresh")
 
 
-def set_aside(step_dir: Path) -> Path:
+def set_aside(step_dir: "Path | str") -> "Path | str":
     """Rename a damaged checkpoint directory to `<name>.corrupt` (`.corrupt-2`, ... if taken): kept for
-    inspection, but no longer a step that keep-N counts or that the next save of that step collides with."""
+    inspection, but no longer a step that keep-N counts or that the next save of that step collides with.
+    On gs:// (a URL string) the objects are copied and removed, completion marker first (launch.core.objstore)."""
+    if isinstance(step_dir, str) and "://" in step_dir:
+        from launch.core import objstore
+        return objstore.set_aside(step_dir)
+    step_dir = Path(step_dir)
     target = step_dir.with_name(step_dir.name + ".corrupt")
     n = 2
     while target.exists():

@@ -116,9 +116,10 @@ def remote_config_text(cell_cfg: Config, cell: str) -> str:
     """The cell config as the workers see it: run dir and compilation cache inside the unpacked code;
     a local checkpoint.dir (single-host slices only) becomes ~/scaleout/checkpoints/<run>/<cell> on the
     worker, resolved there by the config loader (`${oc.env:HOME}`); gs:// stays as it is."""
-    updates = {"run.dir": REMOTE_RUN_DIR, "jax.cache_dir": ".jax_cache",
-               **{k: f"${{oc.env:HOME}}/{REMOTE_ROOT}/{v}" for k, v in tpu_inputs.remote_values(cell_cfg).items()}}
-    data = config_mod.to_dict(config_mod.replace(cell_cfg, updates))
+    data = config_mod.to_dict(config_mod.replace(cell_cfg, {"run.dir": REMOTE_RUN_DIR, "jax.cache_dir": ".jax_cache"}))
+    for key, value in tpu_inputs.remote_values(cell_cfg, f"${{oc.env:HOME}}/{REMOTE_ROOT}").items():
+        section, name = key.split(".")
+        data[section][name] = value  # paths on the workers (checked there when the trainer loads its config)
     if not files.is_remote(cell_cfg.checkpoint.dir):
         data["checkpoint"]["dir"] = f"${{oc.env:HOME}}/{REMOTE_ROOT}/checkpoints/{cell_cfg.run.name}/{cell}"
     return OmegaConf.to_yaml(OmegaConf.create(data))

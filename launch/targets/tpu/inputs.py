@@ -61,14 +61,14 @@ def shipped(cfg: Config) -> List[Shipped]:
     return out
 
 
-def remote_values(cfg: Config) -> Dict[str, str]:
-    """The config keys whose value changes on the workers, relative to ~/scaleout (the caller adds the home)."""
+def remote_values(cfg: Config, root: str) -> Dict[str, str]:
+    """The config keys whose value changes on the workers, `root` being ~/scaleout there."""
     values: Dict[str, str] = {}
     items = iter(shipped(cfg))
     if cfg.data.source == "file" and cfg.data.path:
-        values["data.path"] = next(items).remote
+        values["data.path"] = f"{root}/{next(items).remote}"
         if sidecar_path(Path(cfg.data.path).expanduser()).is_file():
             next(items)
     if cfg.model.init.startswith(HF_PREFIX):
-        values["model.init"] = next(items).remote
+        values["model.init"] = f"{HF_PREFIX}{root}/{next(items).remote}"
     return values

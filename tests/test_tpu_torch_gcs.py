@@ -1,0 +1,332 @@
+"""Issue 27: TPU slices against a real GCS API, with PyTorch through TorchTPU.
+
+gs:// is gcp-storage-emulator on 127.0.0.1 (tests/gcs_emulator.py): Orbax (etils, TensorStore),
+gcsfs, google-cloud-storage and DCP run their real code against it. The slice is the strict gcloud
+emulation (tests/fake_gcloud), which runs the PyTorch ranks for real, started by the same torchrun
+command with the same TorchTPU environment as on a slice, on the CPU with gloo standing in for
+torch_tpu's tpu_dist (torch_tpu cannot run without chips).
+"""
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from conftest import ROOT, run_cli, summary
+from test_tpu import NODE, Fake, _args, _verbs, no_worker_left  # noqa: F401  (the fixture: no worker left behind)
+
+GCLOUD = ROOT / "tests" / "fake_gcloud" / "gcloud"
+
+
+@pytest.fixture
+def fake(tmp_path, gcs):
+    return Fake(tmp_path, gcs)
+
+
+def _records(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# --------------------------------------------------------------------------- the GCS emulator itself
+
+def test_emulator_behaves_like_gcs_where_checkpoints_care(gcs):
+    """No rename (gcsfs's moveTo is refused, so a move is a copy and a delete), directories are only
+    prefixes of object names, and a listing is of what is there now."""
+    fs = gcs.fs()
+    b = gcs.bucket
+    fs.mkdir(f"{b}/empty-dir")  # a "directory" with nothing in it is nothing
+    assert not fs.exists(f"{b}/empty-dir")
+    fs.pipe_file(f"{b}/ck/step_1/a", b"1")
+    fs.pipe_file(f"{b}/ck/step_1/sub/b", b"2")
+    assert fs.isdir(f"{b}/ck/step_1") and fs.ls(f"{b}/ck", detail=False) == [f"{b}/ck/step_1"]
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(f"{gcs.url}/storage/v1/b/{b}/o/ck%2Fstep_1%2Fa/moveTo/o/ck%2Fx", method="POST", data=b"")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 501  # objects.moveTo: not there, as on a flat bucket; gcsfs copies and deletes
+    fs.rm(f"{b}/ck/step_1/a")
+    fs.rm(f"{b}/ck/step_1/sub/b")
+    fs.invalidate_cache()
+    assert not fs.exists(f"{b}/ck/step_1") and fs.ls(f"{b}", detail=False) == []
+
+
+def test_orbax_on_gs_goes_through_gcsfs(tmp_path, gcs):
+    """Without gcsfs, Orbax's gs:// path fails, as it would on a slice whose setup forgot the gcs extra."""
+    code = ("import sys; sys.modules['gcsfs'] = None\n"
+            "import orbax.checkpoint as ocp, numpy as np\n"
+            f"m = ocp.CheckpointManager('gs://{gcs.bucket}/o', options=ocp.CheckpointManagerOptions(create=True))\n"
+            "m.save(1, args=ocp.args.StandardSave({'w': np.ones(2)})); m.wait_until_finished()\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, **gcs.env})
+    assert p.returncode != 0 and "gcsfs" in p.stderr, p.stderr[-2000:]
+    p = subprocess.run([sys.executable, "-c", code.split("\n", 1)[1]], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300, env={**os.environ, **gcs.env})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert gcs.fs().exists(f"{gcs.bucket}/o/1/commit_success.txt")  # on gs:// Orbax commits with a file, not a rename
+
+
+def test_dcp_steps_on_gs_commit_last_keep_n_and_set_aside(tmp_path, gcs):
+    """torchrun_fsdp.storage on gs://: a step is visible only once COMMIT is written (last), keep-N
+    removes old steps, a leftover of an interrupted save is cleared before a new save of that step, and a
+    damaged step is set aside as step_<N>.corrupt without its marker."""
+    code = f"""
+import os, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+dist.init_process_group("gloo")
+from torchrun_fsdp.storage import StepStore
+st = StepStore("gs://{gcs.bucket}/ck")
+for step in (1, 2, 3):
+    st.prepare(step)
+    dcp.save({{"w": torch.arange(4.) * step}}, **st.dcp_args(st.staging_path(step)))
+    if step == 3:
+        assert [s for s, _ in st.complete()] == [1, 2], st.complete()  # written, not committed
+    st.commit(step, {{"step": step}})
+    st.prune(2)
+assert [s for s, _ in st.complete()] == [2, 3]
+sd = {{"w": torch.zeros(4)}}
+dcp.load(sd, checkpoint_id=st.step_path(3))
+assert sd["w"].tolist() == [0., 3., 6., 9.] and st.read_meta(3) == {{"step": 3}}
+st.prepare(3)  # a new save of step 3: the old one is gone first
+assert [s for s, _ in st.complete()] == [2]
+print(st.set_aside(2))
+print(sorted(n.rsplit("/", 1)[-1] for n in st.fs.ls(st.root, detail=False)))
+"""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, **gcs.env, "PORT": str(port), "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    lines = p.stdout.strip().splitlines()
+    assert lines[-2] == f"gs://{gcs.bucket}/ck/step_2.corrupt" and lines[-1] == "['step_2.corrupt']"
+    assert not gcs.fs().exists(f"{gcs.bucket}/ck/step_2.corrupt/COMMIT")
+
+
+# --------------------------------------------------------------------------- gcloud, stricter
+
+def test_scp_to_all_workers_needs_the_key_in_the_agent(fake):
+    """gcloud's VerifyKeyInAgent: an ssh-agent holding other keys fails `scp --worker=all` on a multi-host
+    slice; one scp per worker (what the target does) never asks."""
+    fake.make_vm("my-vm", acc="v4-16")
+    src = fake.state / "hello.txt"
+    src.write_text("hi")
+    try:
+        env = {**os.environ, **fake.env, "FAKE_GCLOUD_AGENT": "other-keys"}
+        base = [str(GCLOUD), "compute", "tpus", "tpu-vm", "scp", str(src), "my-vm:hello.txt", "--zone=us-central2-b"]
+        p = subprocess.run([*base, "--worker=all"], env=env, capture_output=True, text=True)
+        assert p.returncode == 1 and "SSH Key is not present in the SSH agent" in p.stderr, p.stderr
+        for w in (0, 1):
+            assert subprocess.run([*base, f"--worker={w}"], env=env, capture_output=True, text=True).returncode == 0
+        assert (fake.worker(1, "my-vm") / "hello.txt").read_text() == "hi"
+        p = subprocess.run([*base, "--worker=all"], env={**env, "FAKE_GCLOUD_AGENT": "gcloud-key"}, capture_output=True)
+        assert p.returncode == 0
+    finally:
+        fake.delete_vm("q-my-vm")
+
+
+def test_emulator_takes_the_documented_flags_only(fake):
+    """create: the documented GA flags (--network, --labels, ...), unknown ones refused; ssh/scp: IAP exists only on
+    alpha (gcloud: "IAP and Batching are not available for GA"); a queued resource past --valid-until-duration
+    while waiting is never provisioned."""
+    base = ["compute", "tpus", "queued-resources", "create", "q", "--node-id=n", "--accelerator-type=v4-8",
+            "--runtime-version=tpu-ubuntu2204-base", "--zone=us-central2-b"]
+    p = fake.gcloud(*base, "--network=net", "--subnetwork=sub", "--service-account=sa@p.iam.gserviceaccount.com",
+                    "--labels=team=ml", "--internal-ips", "--valid-until-duration=1h", check=False)
+    assert p.returncode == 0, p.stderr
+    p = fake.gcloud(*base[:4], "q2", *base[5:], "--netwrok=net", check=False)
+    assert p.returncode == 2 and "unrecognized arguments: --netwrok=net" in p.stderr
+    p = fake.gcloud(*base[:4], "q3", *base[5:], "--valid-until-duration=soon", check=False)
+    assert p.returncode == 2 and "Failed to parse duration" in p.stderr
+    env = {**fake.env, "FAKE_GCLOUD_QR_OUTCOME": "WAITING_FOR_RESOURCES"}
+    subprocess.run([str(GCLOUD), *base[:4], "w", *base[5:6], "--node-id=w", *base[6:], "--valid-until-duration=1s"],
+                   env={**os.environ, **env}, check=True, capture_output=True)
+    time.sleep(1.3)
+    p = fake.gcloud("compute", "tpus", "queued-resources", "describe", "w", "--zone=us-central2-b", "--format=value(state.state)")
+    assert p.stdout.strip() == "FAILED"
+    for _ in range(3):
+        fake.gcloud("compute", "tpus", "queued-resources", "describe", "q", "--zone=us-central2-b")
+    ssh = ["compute", "tpus", "tpu-vm", "ssh", "n", "--zone=us-central2-b", "--command=true"]
+    p = fake.gcloud(*ssh, "--tunnel-through-iap", check=False)
+    assert p.returncode == 2 and "unrecognized arguments: --tunnel-through-iap" in p.stderr
+    assert fake.gcloud("alpha", *ssh, "--tunnel-through-iap", "--internal-ip").returncode == 0
+    for q in ("q", "w"):
+        fake.gcloud("compute", "tpus", "queued-resources", "delete", q, "--zone=us-central2-b", "--force", "--quiet")
+
+
+def test_create_and_ssh_args_and_valid_until_reach_gcloud(tmp_path, fake):
+    """tpu.create_args / tpu.ssh_args land in the real commands (the strict emulation accepts them), and the
+    queued resource is valid for as long as the launcher waits (tpu.timeout_s)."""
+    p = run_cli(_args(tmp_path, fake, "devices=4", "tpu.timeout_s=120.5", "tpu.create_args=[--network=net,--labels=team=ml]",
+                      "tpu.ssh_args=[--internal-ip,--tunnel-through-iap]", "train.steps=1", "tpu.python=python3.10"),
+                cwd=tmp_path, env=fake.env, timeout=300)
+    assert p.returncode == 2 and "is Python 3.10 on the workers" in p.stderr, p.stderr[-2000:]  # stopped after ssh/scp ran
+    calls = fake.calls()
+    create = calls[0]
+    assert "--valid-until-duration=121s" in create and "--network=net" in create and "--labels=team=ml" in create
+    vm = [c for c in calls if "tpu-vm" in c[:4] and c[3:5] != ["tpu-vm", "describe"]]
+    assert vm and all(c[0] == "alpha" and "--internal-ip" in c and "--tunnel-through-iap" in c for c in vm), vm
+    assert fake.deleted() == [NODE]
+
+
+def test_ai_zones_are_accepted():
+    from launch import config
+    from launch.launcher import rundir
+    from launch.targets.tpu import target as tpu
+    cfg = config.load(["target=tpu", "tpu.generation=v6e", "devices=4", "tpu.zone=us-central1-ai1a", "checkpoint.dir=gs://b/c"])
+    tpu.validate(cfg)
+    assert "--zone=us-central1-ai1a" in tpu.plan_commands(rundir.cell_config(cfg, "c"), __import__("pathlib").Path("/r/c"))[0]
+
+
+# --------------------------------------------------------------------------- PyTorch through TorchTPU
+
+def test_torch_tpu_environment_is_computed_and_checked_as_torch_tpu_does():
+    from launch.core import torch_tpu_env as t
+    env = t.launch_env(["10.0.0.2", "10.0.0.3"], 4, 1, master_port=29512, session="7")
+    assert env["TORCH_TPU_SLICEBUILDER_ADDRESSES"].split(",")[4] == "10.0.0.3:8070" and env["WORLD_SIZE"] == "8"
+    assert env["MASTER_ADDR"] == "10.0.0.2" and env["NNODES"] == "2" and env["NODE_RANK"] == "1"
+    rank = {**env, "RANK": "5", "LOCAL_RANK": "1"}
+    t.check(rank)
+    for change, word in [({"NNODES": "3"}, "NNODES=3"), ({"TPU_WORKER_HOSTNAMES": ""}, "TPU_WORKER_HOSTNAMES is unset"),
+                         ({"MASTER_ADDR": "10.0.0.3"}, "MASTER_ADDR=10.0.0.3"), ({"NODE_RANK": "2"}, "NODE_RANK=2"),
+                         ({"TORCH_TPU_SLICEBUILDER_ADDRESSES": "10.0.0.2:8070"}, "TORCH_TPU_SLICEBUILDER_ADDRESSES="),
+                         ({"WORLD_SIZE": "4"}, "WORLD_SIZE=4"), ({"RANK": "1"}, "RANK=1 LOCAL_RANK=1"),
+                         ({"TORCH_TPU_XPROF_SESSION_ID": ""}, "TORCH_TPU_XPROF_SESSION_ID")]:
+        with pytest.raises(t.LaunchEnvError, match=re.escape(word)):
+            t.check({**rank, **change})
+    assert t.torchrun_args(env) == ["-m", "torch.distributed.run", "--nnodes=2", "--node_rank=1", "--master_addr=10.0.0.2",
+                                    "--master_port=29512", "--nproc_per_node=4"]
+
+
+def test_plan_shows_every_command_of_a_torch_cell_on_a_slice(scaleout):
+    code, out, err = scaleout("plan", "--json", "target=tpu", "framework=torch", "tpu.generation=v4", "devices=8",
+                              "run.dir=/runs", "run.name=exp", "checkpoint.dir=gs://my-bucket/ckpt")
+    assert code == 0, err
+    cmds = json.loads(out)["commands"]
+    text = "\n".join(cmds)
+    assert cmds[0].startswith("gcloud compute tpus queued-resources create scaleout-exp") and "--valid-until-duration=3600s" in cmds[0]
+    assert "tpu-vm describe scaleout-exp" in cmds[2] and "internal IPs" in cmds[2]
+    assert sum("tpu-vm scp '/runs/exp/tpu/" in c for c in cmds) == 2 and "--worker=all" not in "".join(c for c in cmds if " scp " in c)
+    setup = next(c for c in cmds if "uv venv" in c)
+    assert "../venv-torch" in setup and "--extra torch --extra gcs" in setup and "--override torch-tpu.txt -r torch-tpu.txt" in setup
+    assert "download.pytorch.org/whl/cpu" in setup
+    starts = [c for c in cmds if "setsid nohup" in c]
+    assert len(starts) == 2
+    for i, c in enumerate(starts):
+        assert f"--worker={i}" in c and f"NODE_RANK={i}" in c and "NNODES=2" in c and "WORLD_SIZE=8" in c
+        assert "<worker-0-ip>,<worker-1-ip>" in c and "TORCH_TPU_DEVICES_PER_HOST=4" in c and "<worker-1-ip>:8073" in c
+        assert f"../venv-torch/bin/python -m torch.distributed.run --nnodes=2 --node_rank={i} " in c
+        assert "--nproc_per_node=4 -m torchrun_fsdp --config runs/exp/torch-d8/config.yaml" in c
+    assert sum("tail -c +1" in c for c in cmds) == 2 and cmds[-1].endswith("--force --quiet")
+    assert "torch_tpu" not in text.replace("torch-tpu.txt", "")  # no bootstrap of torch_tpu's on the workers
+
+
+def test_plan_compile_of_a_torch_tpu_cell_says_it_is_the_pytorch_estimate(scaleout):
+    code, out, err = scaleout("plan", "--compile", "target=tpu", "framework=torch", "tpu.generation=v4", "devices=8",
+                              "checkpoint.dir=gs://b/c")
+    assert code == 0, err
+    assert "TorchTPU has no compile without TPU chips, so this is the PyTorch estimate" in out
+    assert "datasheet HBM of tpu v4" in out
+
+
+def test_input_files_are_shipped_to_the_workers(tmp_path):
+    """data.source=file and model.init=hf:DIR: the workers' config points at the copies under ~/scaleout/inputs."""
+    from launch import config
+    from launch.launcher import rundir
+    from launch.targets.tpu import commands
+    data = tmp_path / "tok.bin"
+    np.arange(5000, dtype=np.uint16).__mod__(256).astype(np.uint16).tofile(data)
+    (tmp_path / "tok.bin.meta.json").write_text("{}")
+    hf = tmp_path / "hfdir"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    cfg = config.load(["target=tpu", "tpu.generation=v4", "devices=8", "data.source=file", f"data.path={data}",
+                       "checkpoint.dir=gs://b/c"])
+    cfg = config.replace(cfg, {"model.init": f"hf:{hf}"})
+    cell = rundir.cell_config(cfg, "jax-d8")
+    remote = commands.remote_config_text(cell, "jax-d8")
+    assert re.search(r"path: \$\{oc.env:HOME\}/scaleout/inputs/tok.bin-[0-9a-f]{12}/tok.bin", remote), remote
+    assert re.search(r"init: hf:\$\{oc.env:HOME\}/scaleout/inputs/hfdir-[0-9a-f]{12}/hfdir", remote), remote
+    c = commands.Commands(cell, "v", "jax-d8")
+    ship = c.ship_inputs(2)
+    assert ship[0][4:6] == ["ssh", "scaleout-tiny"] and ship[0][-1].startswith("--command=mkdir -p scaleout/inputs/")
+    scps = ship[1:]
+    assert len(scps) == 6 and sorted(a[5] for a in scps) == sorted([str(data)] * 2 + [str(data) + ".meta.json"] * 2 + [str(hf)] * 2)
+    assert all(("--recurse" in a) == (a[5] == str(hf)) for a in scps)
+
+
+@pytest.mark.slow
+def test_token_file_reaches_the_workers_of_a_slice(tmp_path, fake):
+    """A data.source=file cell on the emulated slice trains on the copy shipped to the worker (the worker
+    cannot see the launcher's disk, and data.path there is a path on the worker)."""
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 400)
+    p = run_cli(["prepare-data", str(text), str(tmp_path / "d" / "tok.bin"), "--val-fraction", "0.1"], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    p = run_cli(_args(tmp_path, fake, "devices=4", "train.steps=2", "data.source=file", f"data.path={tmp_path}/d/tok.bin"),
+                cwd=tmp_path, env=fake.env, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert summary(_records(tmp_path / "runs" / "t" / "jax-d4" / "metrics.jsonl"))["status"] == "ok"
+    scps = [c for c in fake.calls() if c[2:4] == ["tpu-vm", "scp"] and c[4].endswith("tok.bin")]
+    assert len(scps) == 1 and scps[0][5].startswith("scaleout-t:scaleout/inputs/tok.bin-")
+
+
+@pytest.mark.slow
+def test_torch_worker_crash_stops_the_others_and_deletes_the_slice(tmp_path, fake):
+    """framework=torch on a 2-worker slice (8 ranks, torchrun on each worker): rank 4, on worker 1, crashes at step
+    3; torchrun ends worker 1's ranks, the launcher stops worker 0's and deletes the slice."""
+    p = run_cli(_args(tmp_path, fake, "framework=torch", "train.steps=200", "checkpoint.every=1000"), cwd=tmp_path,
+                env={**fake.env, "FAKE_TPU_ENV_SCALEOUT_FAULT": "crash@3:p4", "FAKE_GCLOUD_AGENT": "other-keys"}, timeout=900)
+    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "worker 1 exited with code 1; the other workers were stopped" in p.stderr, p.stderr[-3000:]
+    assert "injected crash at step 3" in p.stderr.split("Last lines of worker 1", 1)[1]
+    assert fake.deleted() == [NODE] and fake.node_processes() == []
+
+
+def _ckpt_objects(fs, prefix):
+    return sorted(k[len(prefix) + 1:] for k in fs.find(prefix))
+
+
+@pytest.mark.slow
+def test_jax_and_torch_side_by_side_on_a_slice_with_gcs_checkpoints(tmp_path, fake):
+    """One sweep, both frameworks, on the same emulated 2-worker slice shape (v4-16: JAX 2 processes, PyTorch 8
+    ranks through torchrun), checkpoints on the GCS emulator. The launcher's ssh-agent holds other keys, which
+    `scp --worker=all` would trip over. Then the latest checkpoint of both is damaged: the rerun falls back to
+    the one before, sets the damaged one aside and continues with exactly the losses of the first run."""
+    sweep = [a for a in _args(tmp_path, fake, "train.steps=6", "checkpoint.every=2", "checkpoint.keep=3") if a != "run"]
+    env = {**fake.env, "FAKE_GCLOUD_AGENT": "other-keys"}
+    first = run_cli(["sweep", *sweep, "sweep.frameworks=[jax,torch]", "sweep.devices=[8]", "train.stop_after=4"],
+                    cwd=tmp_path, env=env, timeout=1500)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    run = tmp_path / "runs" / "t"
+    rows = {r["cell"]: r for r in json.loads((run / "report.json").read_text())["cells"]}
+    assert set(rows) == {"jax-d8", "torch-d8"}
+    assert rows["jax-d8"]["processes"] == 2 and rows["torch-d8"]["processes"] == 8
+    fs, b = fake.gcs.fs(), fake.bucket
+    jax_root, torch_root = f"{b}/ckpt/t/jax-d8", f"{b}/ckpt/t/torch-d8"
+    assert fs.exists(f"{jax_root}/4/commit_success.txt") and fs.exists(f"{torch_root}/step_4/COMMIT")
+    before = {c: {r["step"]: r["loss"] for r in _records(run / c / "metrics.jsonl") if r["kind"] == "step"}
+              for c in rows}
+    # damage step 4 of both: a data object of each goes missing
+    fs.rm(next(k for k in fs.find(f"{torch_root}/step_4") if k.endswith(".distcp")))
+    fs.rm(next(k for k in fs.find(f"{jax_root}/4/state") if "/d/" in k or k.endswith("manifest.ocdbt")))
+    again = run_cli(["sweep", *sweep, "sweep.frameworks=[jax,torch]", "sweep.devices=[8]"], cwd=tmp_path, env=env,
+                    timeout=1500)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    fs.invalidate_cache()
+    for cell, root, step4 in (("jax-d8", jax_root, "4"), ("torch-d8", torch_root, "step_4")):
+        recs = _records(run / cell / "metrics.jsonl")
+        s = summary(recs)
+        assert s["status"] == "ok" and s["steps"] == 6 and s["resumed_from_step"] == 2, (cell, s)
+        log = (run / cell / "logs" / "worker-0.log").read_text()
+        assert "is damaged and is skipped" in log, (cell, log[-2000:])
+        assert fs.exists(f"{root}/{step4}.corrupt"), (cell, fs.ls(root))
+        after = {r["step"]: r["loss"] for r in recs if r["kind"] == "step"}
+        np.testing.assert_allclose([after[k] for k in (3, 4)], [before[cell][k] for k in (3, 4)], rtol=1e-5, err_msg=cell)
+    assert fake.deleted() == [NODE] * 4
