@@ -407,3 +407,25 @@ def test_torch_checkpoint_on_gcs_resumes_and_falls_back_from_a_damaged_step(tmp_
 @pytest.mark.slow
 def test_jax_checkpoint_on_gcs_resumes_and_falls_back_from_a_damaged_step(tmp_path, fake):
     _damaged_fallback(tmp_path, fake, "jax")
+
+
+def test_a_step_removal_on_gs_cut_short_leaves_no_complete_looking_step(gcs, monkeypatch):
+    """Keep-N, a leftover cleared before a new save, a set-aside: on gs:// a step goes object by object, so its
+    completion marker goes first; a removal cut short after that leaves an incomplete step (skipped), never a
+    complete-looking one with objects missing."""
+    import gcsfs
+    from launch.core import objstore
+    from torchrun_fsdp.storage import COMMIT, StepStore
+    st = StepStore(f"gs://{gcs.bucket}/ck")
+    for name in ("__0_0.distcp", ".metadata", "meta.json", COMMIT):
+        st.fs.pipe_file(f"{gcs.bucket}/ck/step_1/{name}", b"x")
+    assert [s for s, _ in st.complete()] == [1]
+
+    def cut_short(self, path, recursive=False, **kwargs):
+        raise OSError("connection reset")  # the bulk delete never happens
+
+    with monkeypatch.context() as m:
+        m.setattr(gcsfs.GCSFileSystem, "rm", cut_short)
+        with pytest.raises(OSError):
+            objstore.remove(st.step_path(1))
+    assert st.complete() == [] and st.fs.exists(f"{gcs.bucket}/ck/step_1/__0_0.distcp")
