@@ -323,18 +323,29 @@ def test_input_files_are_shipped_to_the_workers(tmp_path):
 
 @pytest.mark.slow
 def test_token_file_reaches_the_workers_of_a_slice(tmp_path, fake):
-    """A data.source=file cell on the emulated slice trains on the copy shipped to the worker (the worker
-    cannot see the launcher's disk, and data.path there is a path on the worker)."""
+    """A data.source=file cell on the emulated slice trains on the copy shipped to the worker. On a slice the
+    worker cannot see the launcher's disk; the emulated one could, so the slice is kept and the worker's own
+    config is read: its data.path is the shipped copy in the worker's home, byte for byte the launcher's file."""
     text = tmp_path / "t.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 400)
-    p = run_cli(["prepare-data", str(text), str(tmp_path / "d" / "tok.bin"), "--val-fraction", "0.1"], cwd=tmp_path)
+    tok = tmp_path / "d" / "tok.bin"
+    p = run_cli(["prepare-data", str(text), str(tok), "--val-fraction", "0.1"], cwd=tmp_path)
     assert p.returncode == 0, p.stderr
-    p = run_cli(_args(tmp_path, fake, "devices=4", "train.steps=2", "data.source=file", f"data.path={tmp_path}/d/tok.bin"),
+    p = run_cli(_args(tmp_path, fake, "devices=4", "train.steps=2", "tpu.keep=true", "data.source=file", f"data.path={tok}"),
                 cwd=tmp_path, env=fake.env, timeout=600)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert summary(_records(tmp_path / "runs" / "t" / "jax-d4" / "metrics.jsonl"))["status"] == "ok"
-    scps = [c for c in fake.calls() if c[2:4] == ["tpu-vm", "scp"] and c[4].endswith("tok.bin")]
-    assert len(scps) == 1 and scps[0][5].startswith("scaleout-t:scaleout/inputs/tok.bin-")
+    try:
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        assert summary(_records(tmp_path / "runs" / "t" / "jax-d4" / "metrics.jsonl"))["status"] == "ok"
+        scps = [c for c in fake.calls() if c[2:4] == ["tpu-vm", "scp"] and c[4].endswith("tok.bin")]
+        assert len(scps) == 1 and scps[0][5].startswith("scaleout-t:scaleout/inputs/tok.bin-")
+        home = fake.worker(0)
+        remote = next(home.glob("scaleout/*/runs/t/jax-d4/config.yaml")).read_text()
+        m = re.search(r"path: \$\{oc.env:HOME\}/(scaleout/inputs/tok.bin-[0-9a-f]{12}/tok.bin)", remote)
+        assert m, remote
+        assert (home / m.group(1)).read_bytes() == tok.read_bytes()
+        assert (home / (m.group(1) + ".meta.json")).read_bytes() == (tmp_path / "d" / "tok.bin.meta.json").read_bytes()
+    finally:
+        fake.delete_vm(NODE)
 
 
 @pytest.mark.slow
