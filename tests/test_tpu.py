@@ -653,6 +653,6 @@ def test_a_home_interpreter_expands_on_the_workers(tmp_path):
     p = subprocess.run(["bash", "-c", check], cwd=home, env={"HOME": str(home), "PATH": os.environ["PATH"]},
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "~/py/bin/python -m jaxrun --config" in c.start("j")[-1]
+    assert "~/py/bin/python -m jaxrun --config" in c.start("j")[0][-1]  # JAX: one --worker=all ssh
     with pytest.raises(ConfigError, match=r"tpu\.python='~bob/x' is not valid: only a leading ~/"):
         tpu.validate(config.load(["target=tpu", "devices=4", "tpu.generation=v4", "tpu.python=~bob/x"]))
