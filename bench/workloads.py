@@ -19,10 +19,10 @@ Keys, per framework `fw`:
   (time to first step, from process start);
 - `custom_over_native_fw` (and `_p50`), `compile_s_custom_fw`, `compile_custom_over_native_fw`,
   `ttfs_custom_fw`.
-A JAX `compile_s` is the ahead-of-time compile before the first step; a PyTorch one is the lazy
-`torch.compile` inside the first step with `torch.compile=true`, and with the default (eager) the
-warm-up steps' excess over the steady median step time. `--set KEY=VALUE` adds an override to
-every cell (e.g. `--set torch.compile=true`).
+A JAX `compile_s` is the ahead-of-time compile before the first step; a PyTorch one is
+torch.compile's (Dynamo's own records, inside the first step) with `torch.compile=true`, and 0 with
+the default (eager: nothing compiles; the compile ratios are then undefined). `--set KEY=VALUE` adds
+an override to every cell (e.g. `--set torch.compile=true`).
 
 --record appends the result (command, machine, versions, date) to the history in BENCHMARKS.md.
 """
@@ -179,7 +179,7 @@ def tables(res: Dict[str, Any]) -> List[str]:
 
 def record(res: Dict[str, Any], argv: List[str]) -> None:
     mode = "torch.compile=true (lazy compile inside the first step)" if res["torch_compile"] else \
-        "torch.compile=false (eager; its compile_s is the warm-up steps' excess over the steady median)"
+        "torch.compile=false (eager: no compile, compile_s 0)"
     raw = res["raw"]
     gate = "" if res["max_others"] >= 1.0 else (
         f"each cell waited for a quiet moment and a cell during which other processes used more than "

@@ -195,7 +195,13 @@ def block(x: jax.Array, p: dict, cos, sin, m: ModelConfig, mask: Optional[jax.Ar
     return x + g @ p["w2"].astype(dtype)
 
 
-def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """Mean next-token cross-entropy in fp32."""
+def cross_entropy(logits: jax.Array, targets: jax.Array, masked: bool = False) -> jax.Array:
+    """Mean next-token cross-entropy in fp32. `masked`: targets < 0 (padding,
+    `launch.data.batches.IGNORE`) are left out, the mean is over the real targets (torch's
+    `ignore_index`)."""
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
+    if not masked:
+        return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
+    real = targets >= 0
+    nll = -jnp.take_along_axis(logp, jnp.where(real, targets, 0)[..., None], axis=-1)[..., 0]
+    return jnp.sum(jnp.where(real, nll, 0.0)) / jnp.maximum(jnp.sum(real), 1)

@@ -8,6 +8,12 @@ Conventions shared with the PyTorch trainer (they keep the loss curves equal):
   applied to matmul weights only (not norms, not the embedding);
 - the learning rate of every step comes from `launch.core.loop.lr_at`, passed in as an argument;
 - fp32 matmul precision from `model.matmul_precision` (`highest`: no TF32), set explicitly.
+
+Shapes: a static run compiles its one train step ahead of the first step. With `data.seq_lens` each
+new (padded) length is a new program: the step for it is compiled the first time a batch of that
+length comes, inside that step, as a user of `jax.jit` gets it; `data.pad_to` buckets bound how many
+there are (the padding's targets are masked out of the loss). Every compilation is reported from
+JAX's own monitoring events (`jaxrun.compiles`).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, List, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +32,7 @@ import optax
 from flax import nnx
 
 from jaxrun import checkpoint, mesh as mesh_mod
+from jaxrun.compiles import CompileMonitor
 from jaxrun.model import Transformer, cross_entropy, probe_attention
 from jaxrun.profile import JaxCapture
 from launch.common import envvars
@@ -33,7 +40,7 @@ from launch.config.schema import Config
 from launch.core import attention, engine
 from launch.core.flops import precision_of
 from launch.core.params import init_param, init_stacked, param_table
-from launch.data.batches import Batches, document_batch
+from launch.data.batches import Batches, document_batch, is_dynamic
 
 CLIP_EPS = 1e-6
 # model.matmul_precision -> jax_default_matmul_precision. JAX's own default lets fp32 matmuls run
@@ -70,13 +77,15 @@ class TrainStep:
         self.microbatch_sh = mesh_mod.microbatch_sharding(mesh)
         # model.attention=document: a sixth argument, (segment_ids, positions), sharded as the batch
         self.documents = cfg.model.attention == "document"
+        self.masked = is_dynamic(cfg.data)  # padded targets (IGNORE) are left out of the loss
         doc_sh = ((self.batch_sh, self.batch_sh),) if self.documents else ()
         self.fn = jax.jit(self._train_step, in_shardings=(self.param_sh, self.opt_sh, self.batch_sh, self.batch_sh, None) + doc_sh,
                           out_shardings=(self.param_sh, self.opt_sh, rep, rep), donate_argnums=(0, 1))
 
-    def lower(self):
-        """The step lowered for its abstract arguments: the state and a (global_batch, seq_len) batch."""
-        B, T = self.cfg.train.global_batch, self.cfg.model.seq_len
+    def lower(self, seq_len: int = 0):
+        """The step lowered for its abstract arguments: the state and a (global_batch, seq_len) batch
+        (default model.seq_len, the longest a run has)."""
+        B, T = self.cfg.train.global_batch, seq_len or self.cfg.model.seq_len
         batch = jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=self.batch_sh)
         doc = ((batch, batch),) if self.documents else ()
         return self.fn.lower(self.abstract_params, self.abstract_opt, batch, batch, jax.ShapeDtypeStruct((), jnp.float32), *doc)
@@ -85,7 +94,7 @@ class TrainStep:
         model = nnx.merge(self.graphdef, params)
         logits = model(inputs, self.cfg.model, mesh_mod.activation_constraint(self.mesh), segment_ids, positions,
                        self.attention_kernel)
-        return cross_entropy(logits, targets)
+        return cross_entropy(logits, targets, masked=self.masked)
 
     def _train_step(self, params, opt_state, inputs, targets, lr, doc=()):
         accum = self.cfg.train.grad_accum
@@ -132,6 +141,7 @@ class JaxEngine:
 
     def __init__(self, cfg: Config, cell_dir: Path):
         self.cfg, self.cell_dir = cfg, cell_dir
+        self.monitor = CompileMonitor()  # first: every compilation from here on is reported
         jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[cfg.model.matmul_precision])
         self.settings = {"matmul_precision": cfg.model.matmul_precision,
                          "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
@@ -151,16 +161,17 @@ class JaxEngine:
         p = self.program
         self.param_sh, self.opt_sh, self.batch_sh, self.tx = p.param_sh, p.opt_sh, p.batch_sh, p.tx
         self.abstract_params, self.abstract_opt = p.abstract_params, p.abstract_opt
-        self.lazy_compile_s = 0.0  # everything is compiled ahead of the first step (`compile`)
         self.settings.update({"attention": m.attention, "norm_impl": m.norm_impl, "attention_impl": m.attention_impl,
                               **self.attention.settings(),
                               "document_mask_impl": "jax.nn.dot_product_attention(mask)" if m.attention == "document" else None})
         self.data = Batches(cfg.data, m.vocab_size, m.seq_len)
         self.params = self.opt_state = None
-        self.compiled = None
+        self.compiled = None  # the train step most recently run
+        self.executables: Dict[int, Any] = {}  # padded length -> compiled train step
         self._any_fn = None
         self._eval_fn = None  # jitted on the first evaluation
         self.capture = None  # the profiler while profile.steps runs (launch.core.profile)
+        self._own_events: List[Dict[str, Any]] = []
         self.ckpt = checkpoint.Checkpointer(cfg, self.abstract_state())
 
     # ------------------------------------------------------------------ Engine
@@ -168,9 +179,26 @@ class JaxEngine:
         return {"params": self.abstract_params, "opt_state": self.abstract_opt}
 
     def compile(self) -> float:
+        """The train step ahead of the first step, for a run of one shape; with data.seq_lens each
+        length compiles when its first batch comes (0 here)."""
+        if self.cfg.data.seq_lens:
+            return 0.0
+        return self._compile_for(self.cfg.model.seq_len, "train step, ahead of the first step")
+
+    def _compile_for(self, seq_len: int, reason: str) -> float:
         t0 = time.perf_counter()
-        self.compiled = self.program.lower().compile()
-        return time.perf_counter() - t0
+        self.compiled = self.executables[seq_len] = self.program.lower(seq_len).compile()
+        seconds = time.perf_counter() - t0
+        recompile = len(self.executables) > 1
+        self._own_events.append(self.monitor.take_train_step(seconds, reason, recompile))
+        return seconds
+
+    def compile_events(self) -> List[Dict[str, Any]]:
+        own, self._own_events = self._own_events, []
+        return own + self.monitor.drain()
+
+    def compile_totals(self) -> Dict[str, Any]:
+        return {"shapes_compiled": len(self.executables)}
 
     def init_state(self) -> None:
         m, seed = self.cfg.model, self.cfg.train.seed
@@ -215,7 +243,7 @@ class JaxEngine:
                     cache[key] = self.data.split(step, *key)
             return cache[key]
 
-        shape = (B, self.cfg.model.seq_len)
+        shape = (B, self.data.step_shape(step)[1])
         return tuple(jax.make_array_from_callback(shape, self.batch_sh, lambda idx, i=i: rows(idx)[i])
                      for i in range(4 if documents else 2))
 
@@ -227,6 +255,12 @@ class JaxEngine:
     def train_step(self, step: int, lr: float):
         with self.capture.data() if self.capture else contextlib.nullcontext():
             inputs, targets, *doc = self._batch(step)
+        length = inputs.shape[1]
+        if length not in self.executables:  # a new shape: compiled now, inside this step
+            real, _ = self.data.step_shape(step)
+            self._compile_for(length, f"new shape ({inputs.shape[0]}, {length})" +
+                              (f" for length {real}" if real != length else ""))
+        self.compiled = self.executables[length]
         self.params, self.opt_state, loss, gnorm = self.compiled(self.params, self.opt_state, inputs, targets, np.float32(lr),
                                                                  *([tuple(doc)] if doc else []))
         return _scalar(loss), _scalar(gnorm)

@@ -200,6 +200,25 @@ BAD = [
      r"train\.eval_batch_size=6 is not divisible by the data-parallel size 4 \(data\*fsdp\); use a multiple of 4"),
     (["devices=4", "parallel.data=2", "train.eval_every=5", "train.eval_batch_size=6"],
      r"train\.eval_batch_size=6 is not divisible by the data-parallel size 4"),
+    # contenders (issue 26)
+    (["sweep.contenders=[jax,tf]"], r"sweep\.contenders contains 'tf', which is not a contender; choose from: jax, torch, torch-compile"),
+    (["sweep.contenders=[jax,jax]"], r"sweep\.contenders=.* is not valid: 'jax' appears more than once"),
+    (["contender=nope"], r"contender='nope' is not a contender; choose one of: jax, torch, torch-compile"),
+    (["sweep.custom_contenders={torch: {framework: torch}}"], r"redefines the built-in contender 'torch'"),
+    (["sweep.custom_contenders={x: {model.scan_layers: false}}"], r"sweep\.custom_contenders\.x\.framework=null is not valid: every contender names its framework"),
+    (["sweep.custom_contenders={x: {framework: jax, model.scan_layer: false}}"], r"sweep\.custom_contenders\.x: model\.scan_layer is not a config key; did you mean model\.scan_layers\?"),
+    (["sweep.custom_contenders={a/b: {framework: jax}}"], r"the contender name 'a/b' is not valid"),
+    (["sweep.custom_contenders=[jax]"], r"sweep\.custom_contenders=\[\"jax\"\] is not valid: it must be a mapping of contender "
+                                        r"names to their settings, e\.g\. sweep\.custom_contenders=\{jax-unrolled: .*\}, not a list"),
+    (["sweep.extra={contender: [jax, torch]}"], r"sweep\.extra key contender is not valid: it says which run a cell belongs to"),
+    (["sweep.custom_contenders={x: 3}"], r"sweep\.custom_contenders\.x=3 is not valid: it must be a mapping"),
+    # dynamic shapes (issue 26)
+    (["data.seq_lens=[16,64]"], r"data\.seq_lens contains 64, longer than model\.seq_len=32"),
+    (["data.seq_lens=[8,32]", "data.pad_to=[16]"], r"data\.pad_to=\[16\] has no bucket for length 32 .*data\.pad_to=\[16, 32\]"),
+    (["data.pad_to=[48]"], r"data\.pad_to contains 48, longer than model\.seq_len=32"),
+    (["data.seq_lens=[0]"], r"data\.seq_lens contains 0: each entry must be a positive integer"),
+    (["data.seq_lens=[16]", "model.attention=document"], r"data\.seq_lens=\[16\] is not supported with model\.attention=document"),
+    (["data.seq_len_dist=normal"], r"data\.seq_len_dist='normal' is not valid; choose one of: choice, uniform"),
 ]
 
 
@@ -350,4 +369,4 @@ def test_public_api_is_stable():
         assert hasattr(config, name), name
     assert config.CHOICES["framework"] == config.FRAMEWORKS and config.CHOICES["target"] == config.TARGETS
     assert config.CHOICES["model.matmul_precision"] == ("highest", "tf32")
-    assert set(config.FREE_MAPPINGS) == {"slurm.additional", "sweep.extra"}
+    assert set(config.FREE_MAPPINGS) == {"slurm.additional", "sweep.extra", "sweep.custom_contenders"}

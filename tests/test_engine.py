@@ -248,17 +248,18 @@ def test_step_timer_and_summary_timing():
     timer = loop.StepTimer(process_start=0.0)
     for _ in range(5):
         timer.start()
-        timer.keep(timer.stop())
+        timer.keep(timer.stop(), tokens=100)
     timer.end_loop()
     assert timer.time_to_first_step_s > 0 and len(timer.durations) == 5
-    assert timer.loop_tokens_per_s(100, warmup_exclude=3) > 0
+    assert timer.loop_tokens_per_s(warmup_exclude=3) > 0
     cfg = _cfg("train.warmup_exclude=1")
-    timing = loop.Timing(step_times=[2.0, 1.0, 1.0, 1.0], losses=[5.0, 4.0, 3.0, 2.0], compile_s=None,
+    timing = loop.Timing(step_times=[2.0, 1.0, 1.0, 1.0], losses=[5.0, 4.0, 3.0, 2.0], compile_s=0.0,
                          time_to_first_step_s=3.0, peak_flops_per_device=1e12)
     f = loop.timing_fields(timing, cfg)
     tokens = cfg.train.global_batch * cfg.model.seq_len
     assert f["final_loss"] == 2.0 and f["timed_steps"] == 3 and f["step_time_p50_s"] == 1.0
-    assert f["compile_s"] == pytest.approx(1.0)  # lazy: the warm-up step's extra time
+    # a slow first step without a compile record is no compile: it is the warm-up excess
+    assert f["compile_s"] == 0.0 and f["warmup_excess_s"] == pytest.approx(1.0)
     assert f["tokens_per_s"] == pytest.approx(tokens) and f["mfu"] is not None
     assert loop.timing_fields(loop.Timing(compile_s=2.5), cfg)["compile_s"] == 2.5
 
@@ -275,23 +276,30 @@ class Clock:
 
 class FakeEngine:
     """The loop's Engine without a framework: each step takes `step_s[i]` on the clock; the first step compiles
-    lazily (`lazy_compile_s`, as torch.compile does) when asked."""
+    lazily (a compile event after it, as torch.compile's) when asked."""
     framework, process_index, process_count, device_kind = "torch", 0, 1, "cpu"
 
     def __init__(self, clock, step_s, lazy_s=0.0):
         self.clock, self.step_s, self.lazy_s = clock, list(step_s), lazy_s
-        self.lazy_compile_s, self.settings, self.saved = 0.0, {}, []
+        self.settings, self.saved, self.events = {}, [], []
 
     def compile(self):
         return 0.0
+
+    def compile_events(self):
+        out, self.events = self.events, []
+        return out
+
+    def compile_totals(self):
+        return {}
 
     def restore(self):
         return 0
 
     def train_step(self, step, lr):
         self.clock.now += self.step_s[step]
-        if self.lazy_s and not self.lazy_compile_s:
-            self.lazy_compile_s = self.lazy_s
+        if self.lazy_s and step == 0:
+            self.events.append({"seconds": self.lazy_s, "reason": "first compile of forward"})
         return 5.0 - 0.1 * step, 1.0
 
     def eval_loss(self, index):
@@ -344,7 +352,8 @@ def test_loop_throughput_figures_are_exact_from_fixed_step_times(tmp_path, monke
     assert s["tokens_per_s"] == pytest.approx(tokens / 1.0, rel=1e-12)
     assert s["loop_tokens_per_s"] == pytest.approx(tokens * 4 / (4.0 + 2 * 0.25), rel=1e-12)
     assert s["time_to_first_step_s"] == pytest.approx(2.0 + 3.0, rel=1e-12)
-    assert s["step_time_p50_s"] == 1.0 and s["compile_s"] == pytest.approx(2.0)  # eager: the warm-up step's extra
+    assert s["step_time_p50_s"] == 1.0 and s["compile_s"] == 0.0 and s["compiles"] == 0  # eager: no compile
+    assert s["warmup_excess_s"] == pytest.approx(2.0)  # the warm-up step's extra is a figure of its own
     assert [r["step_time_s"] for r in recs if r["kind"] == "step"] == pytest.approx([3.0, 1.0, 1.0, 1.0, 1.0])
 
 
@@ -352,10 +361,61 @@ def test_a_lazy_framework_reports_its_compile_time_from_the_engine(tmp_path, mon
     """Issue 24.26 (was: the Engine protocol has an annotation): an engine that compiles inside its first step
     (torch.compile) reports that time as compile_s and in a `compile` record, not the warm-up's extra time."""
     s, recs, _ = _run_loop(tmp_path, monkeypatch, [3.0, 1.0, 1.0, 1.0], "train.warmup_exclude=1", lazy_s=1.75)
-    assert s["compile_s"] == 1.75
-    assert [r["seconds"] for r in recs if r["kind"] == "compile"] == [1.75]
+    assert s["compile_s"] == 1.75 and s["compiles"] == 1
+    assert [(r["seconds"], r["step"], r["scope"]) for r in recs if r["kind"] == "compile"] == [(1.75, 1, "train")]
+    assert [r.get("compiled") for r in recs if r["kind"] == "step"] == [True, None, None, None]
     s, recs, _ = _run_loop(tmp_path / "eager", monkeypatch, [3.0, 1.0, 1.0, 1.0], "train.warmup_exclude=1")
-    assert s["compile_s"] == pytest.approx(2.0) and not [r for r in recs if r["kind"] == "compile"]
+    assert s["compile_s"] == 0.0 and s["warmup_excess_s"] == pytest.approx(2.0)
+    assert not [r for r in recs if r["kind"] == "compile"]
+
+
+def test_steady_steps_leave_out_steps_that_compiled_and_count_real_tokens():
+    """A step during which the train step compiled (a new shape) is not steady; tokens/s is real tokens
+    over seconds, so steps of different lengths weigh by their tokens."""
+    cfg = _cfg("train.warmup_exclude=1")
+    timing = loop.Timing(step_times=[5.0, 1.0, 4.0, 2.0], step_tokens=[10, 100, 50, 300],
+                         step_flops=[1.0, 10.0, 5.0, 30.0], compiled=[True, False, True, False],
+                         peak_flops_per_device=1.0, first_save_index=3)
+    f = loop.timing_fields(timing, cfg)
+    assert f["timed_steps"] == 2 and f["tokens_per_s"] == pytest.approx(400 / 3.0)
+    assert f["mfu"] == pytest.approx(40 / 3.0 / cfg.devices)
+    assert f["post_save_step_ratio"] == pytest.approx(2.0)  # 2.0 s after the save, 1.0 s before
+    assert loop.steady_indices(4, 1, [True, False, True, False]) == [1, 3]
+
+
+def test_engine_protocol_reports_compile_events():
+    assert {"compile_events", "compile_totals"} <= set(dir(loop.Engine))
+    assert "lazy_compile_s" not in loop.Engine.__annotations__
+
+
+def test_compile_log_totals():
+    class W:
+        def __init__(self):
+            self.recs = []
+
+        def write(self, kind, **f):
+            self.recs.append((kind, f))
+
+    class E:
+        def __init__(self, events):
+            self.events = events
+
+        def compile_events(self):
+            out, self.events = self.events, []
+            return out
+
+    from launch.core.compiles import CompileLog
+    w = W()
+    c = CompileLog(w)
+    c.take(E([{"seconds": 2.0, "cache": "miss"}]), "train", 0)
+    c.take(E([{"seconds": 1.0, "what": "forward", "recompile": True}, {"seconds": 0.5, "what": "backward",
+                                                                        "recompile": True}]), "train", 4)
+    c.take(E([{"seconds": 0.25}]), "eval", 4)
+    t = c.totals({"graphs": 3})
+    assert t["compile_s"] == 3.5 and t["compiles"] == 2 and t["recompiles"] == 1
+    assert t["cache_hits"] == 0 and t["cache_misses"] == 1 and t["other_compiles"] == 1 and t["graphs"] == 3
+    assert c.train_steps() == {4} and [k for k, _ in w.recs] == ["compile"] * 4
+    assert w.recs[1][1]["step"] == 4 and w.recs[1][1]["scope"] == "train"
 
 
 # --------------------------------------------------------------------------- process life

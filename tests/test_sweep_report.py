@@ -12,7 +12,7 @@ from launch import config
 from launch.config import ConfigError
 from launch.core import flops
 from launch.launcher import rundir, sweep
-from launch.report import report
+from launch.report import compare, report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -36,10 +36,10 @@ def test_extra_sweep_keys_make_more_cells(tmp_path):
     assert [c.cfg.model.remat for c in cells] == ["none", "full"]
 
 
-def _cell(run_dir, name, fw, devices, summary, losses=(), batch=8, status="ok"):
+def _cell(run_dir, name, fw, devices, summary, losses=(), batch=8, status="ok", overrides=()):
     d = run_dir / name
     d.mkdir(parents=True)
-    cfg = config.to_dict(config.load([f"framework={fw}", f"devices={devices}", f"train.global_batch={batch}"]))
+    cfg = config.to_dict(config.load([f"framework={fw}", f"devices={devices}", f"train.global_batch={batch}", *overrides]))
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
     recs = [{"kind": "start", "framework": fw, "devices": devices, "device_kind": "NVIDIA H100", "host_cores": 64, "host": "n1"}]
     recs += [{"kind": "step", "step": i + 1, "loss": l} for i, l in enumerate(losses)]
@@ -77,19 +77,22 @@ def test_report_on_hand_made_metrics(tmp_path):
     assert rows["torch-d4"]["status"] == "failed" and rows["torch-d4"]["error"] == "RuntimeError: boom"
     d = doc["derived"]
     assert d["efficiency"]["jax"] == {"1": 1.0, "2": 0.75}
-    assert d["jax_over_torch"] == {"1": 1.6, "2": 1.2}
-    be = d["break_even"]["1"]
-    assert be["slower_start"] == "jax" and be["steps"] == 101
-    assert be["wall_time_s"]["jax"] == pytest.approx(40 + 9999 * 0.5)
-    assert be["wall_time_s"]["torch"] == pytest.approx(10 + 9999 * 0.8)
-    never = d["break_even"]["2"]
-    assert never["slower_start"] == "jax" and never["steps"] == "never"
+    assert len(d["pairs"]) == 2  # 1 and 2 devices have finished cells of both
+    p, never = d["pairs"]
+    assert (p["a"], p["b"], p["devices"], p["throughput_ratio"]) == ("jax", "torch", 1, 1.6)
+    assert p["break_even"] == {"slower_start": "jax", "steps": 101}
+    assert p["wall_time_s"]["jax"] == pytest.approx(40 + 9999 * 0.5)
+    assert p["wall_time_s"]["torch"] == pytest.approx(10 + 9999 * 0.8)
+    assert p["loss_gap"]["max_rel_diff"] == pytest.approx(0.03 / 3.03) and p["notes"] == []
+    assert (never["devices"], never["throughput_ratio"]) == (2, 1.2)
+    assert never["break_even"] == {"slower_start": "jax", "steps": "never"}
     assert never["wall_time_s"]["jax"] == pytest.approx(40 + 9999 * 0.9)
-    assert d["loss_gap"]["1"]["max_rel_diff"] == pytest.approx(0.03 / 3.03)
+    assert d["headline"]["1"]["with"]["winner"] == "jax" and d["headline"]["1"]["without"] is None
+    assert d["headline"]["2"]["with"]["winner"] == "torch"
     assert doc["hardware"]["device_kinds"] == ["NVIDIA H100"] and not doc["hardware"]["simulated_devices_share_host"]
     md = out["md"].read_text()
     assert "**failed**: RuntimeError: NCCL timeout on rank 3" in md and "catches up after 101 steps" in md
-    assert "- 2 device(s): JAX/PyTorch throughput 1.20x. jax starts 30.0 s later and never catches up" in md
+    assert "- 2 device(s), **jax vs torch**: throughput 1.20x" in md and "jax starts 30.0 s later and never catches up" in md
     with open(out["csv"]) as f:
         assert len(list(csv.DictReader(f))) == 6
 
@@ -107,9 +110,9 @@ def test_break_even_arithmetic():
 
 
 def test_strong_efficiency():
-    rows = [{"framework": "jax", "devices": n, "status": "ok", "tokens_per_s": t, "tokens_per_s_per_device": t / n,
-             "_loss": [], "time_to_first_step_s": 1, "step_time_p50_s": 1} for n, t in [(2, 100), (4, 180), (8, 200)]]
-    eff = report.derive(rows, "strong", 10)["efficiency"]["jax"]
+    rows = [{"contender": "jax", "devices": n, "status": "ok", "tokens_per_s": t, "tokens_per_s_per_device": t / n}
+            for n, t in [(2, 100), (4, 180), (8, 200)]]
+    eff = compare.efficiency(rows, "strong")["jax"]
     assert eff == {2: 1.0, 4: pytest.approx(0.9), 8: pytest.approx(0.5)}
 
 
@@ -154,12 +157,13 @@ def test_local_sweep_end_to_end(tmp_path):
         assert s["step_time_p50_s"] == pytest.approx(np.median([r["step_time_s"] for r in steps[cfg.train.warmup_exclude:]]), rel=1e-9)
         assert 0 < s["loop_tokens_per_s"] <= s["tokens_per_s"] * 1.5
     assert set(doc["derived"]["efficiency"]) == {"jax", "torch"}
-    assert "1" in doc["derived"]["jax_over_torch"] and "1" in doc["derived"]["break_even"]
-    assert doc["derived"]["loss_gap"]["1"]["max_rel_diff"] < 1e-3
+    pair = next(p for p in doc["derived"]["pairs"] if p["devices"] == 1)
+    assert (pair["a"], pair["b"]) == ("jax", "torch") and pair["loss_gap"]["max_rel_diff"] < 1e-3
+    assert rows["torch-d1"]["compiles"] == 0 and rows["jax-d1"]["compiles"] == 1  # eager torch compiles nothing
     assert doc["hardware"]["simulated_devices_share_host"] is True
     assert "functional dry run" in (run / "report.md").read_text()
     # on CPU, auto attention is XLA's dense path in JAX and SDPA's CPU flash kernel in PyTorch: said, and marked
-    att = doc["derived"]["attention"]["1"]
+    att = pair["attention"]
     assert att["kernels"] == {"jax": "xla (dense)", "torch": "flash (fused)"} and att["different_classes"] is True
     md = (run / "report.md").read_text()
     assert "different classes (fused vs dense)" in md and "MFU is measured against: the host's fp32 matmul" in md
@@ -246,4 +250,52 @@ def test_comparisons_with_sweep_extra_use_one_combination(tmp_path):
         {"name": n} for n in ["jax-d1-remat_none", "jax-d1-remat_full", "torch-d1-remat_none", "torch-d1-remat_full"]]}))
     doc = json.loads(report.write(run)["json"].read_text())
     assert doc["derived"]["variant"] == "remat_none"
-    assert doc["derived"]["jax_over_torch"] == {"1": 2.0}
+    ratios = {p["variant"]: p["throughput_ratio"] for p in doc["derived"]["pairs"]}
+    assert ratios == {"remat_none": 2.0, "remat_full": 0.25}  # each combination against its own
+    assert doc["derived"]["headline"]["1"]["with"]["winner"] == "jax"  # over the first combination only
+
+
+def test_report_compares_every_pair_of_three_contenders(tmp_path):
+    """jax, torch and torch-compile at two device counts: three pairs at each, the headline with and without
+    torch.compile, per-contender efficiency, the contender in report.json, the CSV and report.md; eager torch's
+    compile is "none" and torch.compile's comes with its graph breaks."""
+    run = tmp_path / "run"
+    tc = ["contender=torch-compile", "torch.compile=true"]
+    for d, (j, t, c) in {1: (1000, 500, 900), 2: (1800, 900, 1900)}.items():
+        _cell(run, f"jax-d{d}", "jax", d, {**_s(j, d, 20.0, 256 / j), "compiles": 1}, losses=[5.0, 4.0])
+        _cell(run, f"torch-d{d}", "torch", d, {**_s(t, d, 5.0, 256 / t), "compiles": 0, "compile_s": 0.0},
+              losses=[5.0, 4.0])
+        _cell(run, f"torch-compile-d{d}", "torch", d, {**_s(c, d, 30.0, 256 / c), "compiles": 2, "graph_breaks": 1},
+              losses=[5.0, 4.0004], overrides=tc)
+    (run / "sweep.json").write_text(json.dumps({"scaling": "weak", "contenders": [
+        {"name": "jax"}, {"name": "torch"}, {"name": "torch-compile"}], "cells": [
+        {"name": f"{c}-d{n}"} for c in ("jax", "torch", "torch-compile") for n in (1, 2)]}))
+    out = report.write(run)
+    doc = json.loads(out["json"].read_text())
+    d = doc["derived"]
+    assert [c["name"] for c in doc["contenders"]] == ["jax", "torch", "torch-compile"]
+    assert doc["contenders"][2]["torch_compile"] is True and doc["contenders"][1]["torch_compile"] is False
+    got = {(p["devices"], p["a"], p["b"]): p for p in d["pairs"]}
+    assert set(got) == {(n, a, b) for n in (1, 2) for a, b in
+                        [("jax", "torch"), ("jax", "torch-compile"), ("torch", "torch-compile")]}
+    assert got[(2, "jax", "torch-compile")]["throughput_ratio"] == pytest.approx(1800 / 1900)
+    assert got[(1, "torch", "torch-compile")]["loss_gap"]["max_rel_diff"] == pytest.approx(0.0004 / 4.0004)
+    assert set(d["efficiency"]) == {"jax", "torch", "torch-compile"}
+    assert d["efficiency"]["torch-compile"]["2"] == pytest.approx(950 / 900)
+    # 2 devices, 10,000 steps: torch-compile's faster steps pay back its later start; without it jax wins
+    h = d["headline"]["2"]
+    walls = {n: s + 9999 * 256 / tps for n, s, tps in [("jax", 20.0, 1800), ("torch", 5.0, 900), ("torch-compile", 30.0, 1900)]}
+    best = min(walls, key=walls.get)
+    assert h["with"]["winner"] == best == "torch-compile"
+    assert h["without"]["winner"] == "jax" and h["without"]["runner_up"] == "torch"
+    assert h["without"]["speedup"] == pytest.approx(walls["torch"] / walls["jax"])
+    rows = {r["cell"]: r for r in doc["cells"]}
+    assert rows["torch-compile-d1"]["contender"] == "torch-compile" and rows["torch-d1"]["contender"] == "torch"
+    with open(out["csv"]) as f:
+        csv_rows = {r["cell"]: r for r in csv.DictReader(f)}
+    assert csv_rows["torch-compile-d2"]["contender"] == "torch-compile" and csv_rows["jax-d2"]["contender"] == "jax"
+    md = out["md"].read_text()
+    assert "**torch vs torch-compile**" in md and "Without torch.compile: **jax**" in md
+    assert "| torch-d1 | torch | 1 |" in md and "| none |" in md  # eager: no compile
+    comp = {c["cell"]: c for c in doc["compile"]}
+    assert comp["torch-compile-d1"]["graph_breaks"] == 1 and comp["torch-d1"]["compiles"] == 0

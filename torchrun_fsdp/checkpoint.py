@@ -6,8 +6,9 @@
 Every rank writes its shards where `torchrun_fsdp.storage.StepStore` says (`.tmp-step_<N>` on disk,
 `step_<N>` itself on gs://, which has no rename); when DCP reports the save complete, rank 0
 writes meta.json and, last, the COMMIT marker (and on disk renames the directory to `step_<N>`). A
-directory without COMMIT is never loaded (a warning names it). `checkpoint.async` uses `dcp.async_save`
-on a separate gloo group, with at most one save in flight. Loading goes through
+directory without COMMIT is never loaded (a warning names it). `checkpoint.async` saves through
+`torchrun_fsdp.async_save.AsyncSaver` (DCP's checkpoint process, staged in reused shared memory),
+with at most one save in flight. Loading goes through
 `get_state_dict`/`set_state_dict`, so a checkpoint written by 4 ranks loads on 2 (DCP reshards).
 Which checkpoint to load, and whether this cell may continue from it, is `launch.core.engine`'s rule.
 """
@@ -15,7 +16,6 @@ Which checkpoint to load, and whether this cell may continue from it, is `launch
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch.distributed as dist
@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from launch.config.schema import Config
 from launch.core import engine
+from torchrun_fsdp.async_save import AsyncSaver
 from torchrun_fsdp.storage import StepStore
 
 log = logging.getLogger(__name__)
@@ -37,11 +38,11 @@ def _last_line(e: BaseException) -> str:
 
 
 class Checkpointer:
-    def __init__(self, cfg: Config, model, optimizer, rank: int):
+    def __init__(self, cfg: Config, model, optimizer, rank: int, device_type: str = "cpu"):
         self.cfg, self.model, self.optimizer, self.rank = cfg, model, optimizer, rank
         self.store = StepStore(cfg.checkpoint.dir)
         self.pending: Optional[Tuple[Any, int, str, Dict[str, Any]]] = None
-        self.group = dist.new_group(backend="gloo") if cfg.checkpoint.async_ else None
+        self.saver = AsyncSaver(device_type) if cfg.checkpoint.async_ else None
 
     # ------------------------------------------------------------------ save
     def save(self, step: int, meta: Dict[str, Any]) -> None:
@@ -52,8 +53,8 @@ class Checkpointer:
         dist.barrier()
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state = {"model": model_sd, "optim": optim_sd}
-        if self.group is not None:
-            future = dcp.async_save(state, **self.store.dcp_args(tmp), process_group=self.group)
+        if self.saver is not None:
+            future = self.saver.start(state, **self.store.dcp_args(tmp))
             self.pending = (future, step, tmp, meta)
         else:
             dcp.save(state, **self.store.dcp_args(tmp))
@@ -107,5 +108,12 @@ class Checkpointer:
             raise RuntimeError(_last_line(e)) from e
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
+    def before_update(self) -> None:
+        """The optimizer is about to change the weights: an async save's staged copy must be complete."""
+        if self.saver is not None:
+            self.saver.wait_for_staging()
+
     def close(self) -> None:
         self.wait()
+        if self.saver is not None:
+            self.saver.close()

@@ -29,7 +29,7 @@ def parallelize(model: torch.nn.Module, cfg: Config, mesh: DeviceMesh) -> torch.
     m = cfg.model
     apply_ac(model, m.remat)
     if cfg.torch.compile:
-        apply_compile(model)
+        apply_compile(model, dynamic=cfg.torch.compile_dynamic, fullgraph=cfg.torch.compile_fullgraph)
     if needs_fsdp(mesh, m.dtype):
         apply_fsdp(model, mesh, m.dtype)
     return model
@@ -69,10 +69,12 @@ def apply_ac(model: torch.nn.Module, mode: str) -> None:
         model.layers[i] = wrap(block)
 
 
-def apply_compile(model: torch.nn.Module) -> None:
-    """torch.compile each block (compilation happens lazily on the first step)."""
+def apply_compile(model: torch.nn.Module, dynamic: bool = False, fullgraph: bool = True) -> None:
+    """torch.compile each block (compilation happens lazily on the first step). `dynamic`: symbolic
+    shapes from the first compile (`dynamic=True`); else torch's default (`dynamic=None`: static,
+    then dynamic once a shape changed). `fullgraph=False` lets Dynamo break the graph."""
     for i, block in enumerate(model.layers):
-        model.layers[i] = torch.compile(block, fullgraph=True)
+        model.layers[i] = torch.compile(block, fullgraph=fullgraph, dynamic=True if dynamic else None)
 
 
 def apply_fsdp(model: torch.nn.Module, mesh: DeviceMesh, dtype: str) -> None:

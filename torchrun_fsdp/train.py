@@ -5,6 +5,12 @@ only its own shard from the framework-neutral numpy init (`launch.core.params`),
 the whole model. Conventions shared with the JAX trainer: torch's clip_grad_norm_ (norm + 1e-6),
 AdamW with eps outside the sqrt and decoupled decay on matmul weights only, lr from
 `launch.core.loop.lr_at` set on every step, fp32 matmul precision from `model.matmul_precision`.
+
+Shapes: with `data.seq_lens` each step's batch has its own length and eager PyTorch runs it as it is;
+`torch.compile` recompiles when a shape changes and then treats it as dynamic (torch's default) or,
+with `torch.compile_dynamic=true`, compiles dynamic shapes from the start. Padded targets
+(`data.pad_to`) are `launch.data.batches.IGNORE`, the `ignore_index` of `F.cross_entropy`.
+Every compilation is reported from Dynamo's own records (`torchrun_fsdp.compiles`).
 """
 
 from __future__ import annotations
@@ -12,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
-import time
 from pathlib import Path
 from typing import Dict
 
@@ -28,6 +33,7 @@ from launch.core.params import init_param, named_params
 from launch.data.batches import Batches, document_batch
 from torchrun_fsdp import parallel, tpu
 from torchrun_fsdp.checkpoint import Checkpointer
+from torchrun_fsdp.compiles import CompileLog
 from torchrun_fsdp.model import Transformer, cross_entropy, probe_attention, use_attention_kernel
 from torchrun_fsdp.profile import TorchCapture
 
@@ -91,7 +97,7 @@ class TorchEngine:
         with torch.device("meta"):
             model = Transformer(m, self.document_mask_impl)
         parallel.parallelize(model, cfg, self.mesh)
-        self.lazy_compile_s = 0.0  # torch.compile's time, measured in the first step
+        self.compile_log = CompileLog()
         model.to_empty(device=self.device)
         self.model = model
         self._init_weights()
@@ -106,7 +112,7 @@ class TorchEngine:
         self.data = Batches(cfg.data, m.vocab_size, m.seq_len)
         dp = self.world
         self.rows_per_rank = t.global_batch // dp
-        self.ckpt = Checkpointer(cfg, self.model, self.optimizer, self.rank)
+        self.ckpt = Checkpointer(cfg, self.model, self.optimizer, self.rank, self.device.type)
         self.capture = None  # the profiler while profile.steps runs (launch.core.profile)
 
     def _init_weights(self) -> None:
@@ -120,7 +126,13 @@ class TorchEngine:
 
     # ------------------------------------------------------------------ Engine
     def compile(self) -> float:
-        return 0.0  # eager; torch.compile compiles lazily and is timed in the first step
+        return 0.0  # eager; torch.compile compiles lazily, inside the first steps (compile_events)
+
+    def compile_events(self):
+        return self.compile_log.drain()
+
+    def compile_totals(self) -> Dict:
+        return self.compile_log.totals()
 
     def restore(self) -> int:
         return self.ckpt.restore_latest()
@@ -154,7 +166,6 @@ class TorchEngine:
             inputs, targets, doc = self._batch(step)
         accum = t.grad_accum
         loss_sum = torch.zeros((), device=self.device)
-        t0 = time.perf_counter()
         for j in range(accum):
             sel = slice(None) if accum == 1 else torch.arange(j, self.rows_per_rank, accum, device=self.device)
             if accum > 1 and hasattr(self.model, "set_requires_gradient_sync"):  # FSDP: reduce once per step
@@ -162,13 +173,11 @@ class TorchEngine:
             loss = cross_entropy(self.model(inputs[sel], **{k: v[sel] for k, v in doc.items()}), targets[sel])
             (loss / accum).backward()
             loss_sum += loss.detach()
-        if (self.cfg.torch.compile or doc and self.document_mask_impl == "flex") and not self.lazy_compile_s:
-            self._sync()
-            self.lazy_compile_s = time.perf_counter() - t0  # the first step traces and compiles every block
         max_norm = t.clip_norm if t.clip_norm > 0 else float("inf")
         gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if isinstance(gnorm, DTensor):
             gnorm = gnorm.full_tensor()
+        self.ckpt.before_update()  # an async save's staged copy is complete before the weights change
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         loss = loss_sum / accum
@@ -193,12 +202,6 @@ class TorchEngine:
             dist.all_reduce(loss, op=dist.ReduceOp.SUM)
             loss /= self.world
         return float(loss)
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        elif self.placement is not None:
-            tpu.synchronize(self.placement)
 
     def save(self, step: int) -> None:
         self.ckpt.save(step, engine.checkpoint_metadata(self.cfg, self.framework, self.world, self.versions(), step))

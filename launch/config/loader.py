@@ -34,6 +34,7 @@ from omegaconf.errors import (
 )
 
 from launch.common.files import atomic_write
+import launch.config.contenders as contenders
 from launch.config.schema import FRAMEWORKS, TARGETS, Config, walk, yaml_name, yaml_value
 
 __all__ = ["ConfigError", "load", "load_resolved", "replace", "save", "to_dict", "get", "math_hash",
@@ -60,8 +61,14 @@ NOT_MATH = ("train.stop_after", "train.log_every", "train.warmup_exclude", "trai
 # One path component of safe characters (run.name, run.id); checked with re.fullmatch.
 SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+")
 # Keys sweep.extra may not vary: they say which run a cell belongs to or where it lives (issue 24.5).
-PLACE_KEYS = ("framework", "devices", "target", "checkpoint.dir")
+PLACE_KEYS = ("framework", "devices", "target", "checkpoint.dir", "contender")
 PLACE_SECTIONS = ("run", "sweep")
+
+
+def defines_place(key: str) -> bool:
+    """Whether `key` says which run a cell belongs to or where it lives: neither sweep.extra nor a contender's
+    settings may set it (PLACE_KEYS, and every key of PLACE_SECTIONS)."""
+    return key in PLACE_KEYS or key.split(".")[0] in PLACE_SECTIONS
 
 
 class ConfigError(ValueError):
@@ -221,6 +228,9 @@ def _prepare(node: Any, where: str, prefix: str = "") -> Any:
             shape = f"a list, e.g. {key}={_list_example(key, tp)}" if want is list else "a mapping of keys to values, e.g. {key: value}"
             if key == "sweep.extra":
                 shape = "a mapping of config keys to lists of values, e.g. sweep.extra={model.remat: [none, full]}"
+            if key == "sweep.custom_contenders":
+                shape = ("a mapping of contender names to their settings, e.g. "
+                         "sweep.custom_contenders={jax-unrolled: {framework: jax, model.scan_layers: false}}")
             raise ConfigError(f"{key}={_show(v)}{in_where} is not valid: it must be {shape}, not a "
                               f"{'mapping' if isinstance(v, dict) else 'list'}.")
         name = field_.name if field_ is not None else k
@@ -477,16 +487,73 @@ def validate(cfg: Config) -> None:
                               "it to every worker).")
         if not Path(cfg.data.path).is_file():
             raise ConfigError(f"data.path={cfg.data.path!r} does not exist; give a token file written by `scaleout prepare-data`.")
+    _check_seq_lens(cfg)
+    _check_contenders(cfg)
     for key, values in cfg.sweep.extra.items():
         if key not in _LEAVES:
             raise ConfigError(f"sweep.extra key {key} is not a config key" + _did_you_mean(key, list(_LEAVES)))
-        if key in PLACE_KEYS or key.split(".")[0] in PLACE_SECTIONS:
+        if defines_place(key):
             raise ConfigError(f"sweep.extra key {key} is not valid: it says which run a cell belongs to or where it lives "
                               f"({', '.join(PLACE_KEYS)}, {', '.join(s + '.*' for s in PLACE_SECTIONS)} cannot be swept); "
                               "sweep frameworks and device counts with sweep.frameworks and sweep.devices, and give the "
                               "others once for the whole run.")
         if not isinstance(values, list) or not values:
             raise ConfigError(f"sweep.extra.{key}={_show(values)} is not valid: give a non-empty list of values.")
+
+
+def _check_contenders(cfg: Config) -> None:
+    """sweep.custom_contenders, sweep.contenders and contender name contenders that exist and are well made."""
+    for name, spec in cfg.sweep.custom_contenders.items():
+        where = f"sweep.custom_contenders.{name}"
+        if name in contenders.BUILTIN:
+            raise ConfigError(f"{where} redefines the built-in contender {name!r}; built-ins ({', '.join(contenders.BUILTIN)}) "
+                              f"are fixed so that every report means the same by them: give yours another name, e.g. {name}-mine.")
+        if not SAFE_NAME.fullmatch(name) or name in (".", ".."):
+            raise ConfigError(f"{where}: the contender name {name!r} is not valid: it becomes part of cell names, so use "
+                              "letters, digits, '.', '_' and '-', e.g. jax-unrolled.")
+        flat = contenders.flatten(spec)
+        if flat.get("framework") not in FRAMEWORKS:
+            raise ConfigError(f"{where}.framework={_show(flat.get('framework'))} is not valid: every contender names its "
+                              f"framework, one of: {', '.join(FRAMEWORKS)}.")
+        for key in flat:
+            if key == "framework":
+                continue
+            if key not in _LEAVES:
+                raise ConfigError(f"{where}: {key} is not a config key" + _did_you_mean(key, list(_LEAVES)))
+            if defines_place(key):
+                raise ConfigError(f"{where} sets {key}, which says which run a cell belongs to or where it lives "
+                                  f"({', '.join(PLACE_KEYS)}, {', '.join(s + '.*' for s in PLACE_SECTIONS)}); a contender "
+                                  "sets only how its cells train: remove it (give it once for the whole run).")
+            if key in cfg.sweep.extra:
+                raise ConfigError(f"{where} sets {key}, which sweep.extra also sweeps; a key is either one contender's "
+                                  "setting or an axis of every contender: remove it from one of them.")
+    known = contenders.defined(cfg)
+    for name in cfg.sweep.contenders:
+        if name not in known:
+            raise ConfigError(f"sweep.contenders contains {name!r}, which is not a contender; choose from: "
+                              f"{', '.join(known)} (define your own in sweep.custom_contenders).")
+    if cfg.contender is not None and cfg.contender not in known:
+        raise ConfigError(f"contender={cfg.contender!r} is not a contender; choose one of: {', '.join(known)} "
+                          "(define your own in sweep.custom_contenders), or leave it unset to run framework as set.")
+
+
+def _check_seq_lens(cfg: Config) -> None:
+    """data.seq_lens and data.pad_to: lengths the model takes, buckets that hold every length."""
+    d, T = cfg.data, cfg.model.seq_len
+    for key, values in (("data.seq_lens", d.seq_lens), ("data.pad_to", d.pad_to)):
+        longer = [v for v in values if v > T]
+        if longer:
+            raise ConfigError(f"{key} contains {longer[0]}, longer than model.seq_len={T}; model.seq_len is the longest "
+                              f"sequence a step may have: raise it or list lengths up to {T}.")
+    if d.seq_lens and cfg.model.attention == "document":
+        raise ConfigError(f"data.seq_lens={_show(list(d.seq_lens))} is not supported with model.attention=document: packed "
+                          "rows have one length by construction; use model.attention=causal or data.seq_lens=[].")
+    if d.pad_to:
+        longest = max(d.seq_lens) if d.seq_lens else T
+        if max(d.pad_to) < longest:
+            raise ConfigError(f"data.pad_to={_show(list(d.pad_to))} has no bucket for length {longest} (the longest step "
+                              f"{'of data.seq_lens' if d.seq_lens else '= model.seq_len'}); add a bucket of at least "
+                              f"{longest}, e.g. data.pad_to={_show(sorted(set(d.pad_to) | {longest}))}.")
 
 
 # --------------------------------------------------------------------------- helpers for other modules

@@ -145,6 +145,15 @@ class DataConfig:
     eos_id: Optional[int] = setting(None, "end-of-document token (model.attention=document); null: the token file's "
                                     "sidecar eos_id, else model.vocab_size - 1",
                                     ge=0)
+    seq_lens: List[int] = setting([], "dynamic shapes: each step's batch has one sequence length, drawn from these by "
+                                  "(data.seed, step), the same for every contender and device count (at most "
+                                  "model.seq_len); [] keeps model.seq_len for every step", ge=1)
+    seq_len_dist: str = setting("choice", "how data.seq_lens are drawn: choice (one of the list, each entry equally "
+                                "likely: repeat one to weight it) or uniform (any length from their min to their max)",
+                                choices=("choice", "uniform"))
+    pad_to: List[int] = setting([], "bucket lengths: each step's batch is padded up to the smallest bucket that holds it "
+                                "and the padding is masked out of the loss (JAX's usual remedy for recompiles); [] pads "
+                                "nothing", ge=1, unique=True)
 
 
 @dataclass
@@ -224,7 +233,12 @@ class JaxConfig:
 class TorchConfig:
     """framework=torch."""
 
-    compile: bool = setting(False, "torch.compile each block (its time is recorded as compile time)")
+    compile: bool = setting(False, "torch.compile each block; Dynamo/Inductor's own compile records are the cell's "
+                            "compile records")
+    compile_dynamic: bool = setting(False, "torch.compile=true: compile with dynamic=True (shapes symbolic from the first "
+                                    "compile); false: torch's default (recompile once a shape changes, then dynamic)")
+    compile_fullgraph: bool = setting(True, "torch.compile=true: fullgraph=True (a graph break is an error); false lets "
+                                      "Dynamo break the graph (counted in the compile records)")
     document_mask_impl: str = setting("auto", "model.attention=document: flex (flex_attention + a document-causal "
                                       "BlockMask, compiled), sdpa (dense boolean mask) or auto (flex on GPU, sdpa on "
                                       "CPU, where torch has no flex_attention backward)", choices=("auto", "flex", "sdpa"))
@@ -314,10 +328,17 @@ class PlanConfig:
 
 @dataclass
 class SweepConfig:
-    """`scaleout sweep`: frameworks x devices (x extra) cells."""
+    """`scaleout sweep`: contenders x devices (x extra) cells."""
 
     devices: List[int] = setting([1, 2, 4], "device counts to sweep", ge=1, nonempty=True, unique=True)
-    frameworks: List[str] = setting(["jax", "torch"], "frameworks to sweep", choices=FRAMEWORKS, nonempty=True, unique=True)
+    frameworks: List[str] = setting(["jax", "torch"], "frameworks to sweep when sweep.contenders is empty: one contender "
+                                    "per framework", choices=FRAMEWORKS, nonempty=True, unique=True)
+    contenders: List[str] = setting([], "what the sweep compares, by name: built in jax, torch (eager), torch-compile "
+                                    "(torch.compile=true), or a name from sweep.custom_contenders; [] uses "
+                                    "sweep.frameworks", unique=True)
+    custom_contenders: Dict[str, Dict[str, Any]] = setting(
+        {}, "your own contenders: name -> {framework: jax|torch, KEY: VALUE...}, e.g. {jax-unrolled: {framework: jax, "
+        "model.scan_layers: false}}; the settings apply to that contender's cells only")
     scaling: str = setting("weak", "weak fixes the per-device batch, strong the global batch",
                            choices=("weak", "strong"))
     extra: Dict[str, List[Any]] = setting({}, "more keys to sweep, e.g. {model.remat: [none, full]}")
@@ -327,7 +348,7 @@ class SweepConfig:
 class ReportConfig:
     """`scaleout report`."""
 
-    horizon_steps: int = setting(10000, "the run length for which the report gives each framework's wall time", ge=1)
+    horizon_steps: int = setting(10000, "the run length for which the report gives each contender's wall time", ge=1)
     project_to: List[int] = setting([], "device counts to project each contender's step time, throughput and "
                                     "efficiency to, from a cost model fitted to the measured cells (`scaleout report "
                                     "--project 16,32,64` sets it for one report); [] projects nothing", ge=1, unique=True)
@@ -351,6 +372,9 @@ class Config:
     """A scaleout config."""
 
     framework: str = setting("jax", "the trainer", choices=FRAMEWORKS)
+    contender: Optional[str] = setting(None, "run as this contender (jax, torch, torch-compile or a name from "
+                                       "sweep.custom_contenders): its framework and settings apply; null: framework as "
+                                       "set. A cell's config.yaml records the contender it ran as")
     target: str = setting("local", "where the cells run", choices=TARGETS)
     devices: int = setting(1, "devices (GPUs, TPU chips/cores, or simulated CPU devices)", ge=1)
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -17,6 +17,13 @@ blocks; SDPA with a dense mask and XLA's dot_product_attention compute them and 
 result). Counting the same model FLOPs for both masks keeps MFU a throughput figure on one scale:
 a document-mask run that skips work shows it as a higher MFU and tokens/s, never as a smaller
 denominator.
+
+Tokens are real tokens. With dynamic shapes (`data.seq_lens`) the batch of step s has length L(s)
+and global_batch * L(s) real tokens; the attention term uses L(s) for that step's tokens
+(`flops_per_token(m, L)`), and tokens/s and MFU of a run are sums over its steady steps: real tokens
+/ seconds, and the model FLOPs of those tokens / seconds / devices / peak. Padding
+(`data.pad_to`) is never counted, neither as tokens nor as FLOPs: a padded run computes more than
+it is credited with, and that waste shows as a lower tokens/s and MFU than an unpadded run's.
 """
 
 from __future__ import annotations
@@ -81,9 +88,10 @@ HBM_BYTES = {
 }
 
 
-def flops_per_token(m: ModelConfig) -> int:
+def flops_per_token(m: ModelConfig, seq_len: Optional[int] = None) -> int:
+    """Model FLOPs per real token of a training step on sequences of `seq_len` (default model.seq_len)."""
     n = count_params(m)["matmul"]
-    return 6 * n + 12 * m.n_layers * m.seq_len * m.d_model
+    return 6 * n + 12 * m.n_layers * (seq_len or m.seq_len) * m.d_model
 
 
 def _datasheet(table: Dict[str, Any], device_kind: str) -> Optional[Any]:

@@ -4,10 +4,12 @@ A trainer provides the framework parts (`Engine`); this module owns the schedule
 `run`, which is built from three pieces a reader can take one at a time:
 
 - `StepTimer`: each step's wall time (with a device sync: `Engine.train_step` returns floats),
-  when it began, and the time from process start to the end of the first step;
+  when it began, its real tokens, and the time from process start to the end of the first step;
 - `CheckpointCadence`: which steps save (every `checkpoint.every`, and the last);
-- `SummaryBuilder` with `Timing`: the `summary` record, from the step times, losses, compile time
-  and peak FLOP/s, plus the engine's memory figures;
+- `launch.core.compiles.CompileLog`: the `compile` records of every compilation the engine reports,
+  stamped with their step and phase, and their totals;
+- `SummaryBuilder` with `Timing`: the `summary` record, from the step times and tokens, losses,
+  compile totals, checkpoint costs and peak FLOP/s, plus the engine's memory figures;
 - `Profiling`: the `profile.steps` window: the framework's profiler around those steps, which are
   left out of the steady-state timing, and the `profile` record with the step-time breakdown.
 
@@ -34,9 +36,10 @@ from typing import Any, Callable, Dict, List, Optional, Protocol
 from launch import config as config_mod
 from launch.common import envvars, files
 from launch.config.schema import Config, TrainConfig
-from launch.core import flops, metrics, profile
+from launch.core import compiles as compiles_mod, flops, metrics, profile
 from launch.core.params import count_params
 from launch.data.tokenizer import token_file_identity
+from launch.data.batches import is_dynamic, padded_len, step_seq_len
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +66,11 @@ class Engine(Protocol):
     process_index: int
     process_count: int
     device_kind: str
-    lazy_compile_s: float  # compile time spent inside the first step (torch.compile); 0 if none
     settings: Dict[str, Any]  # what the framework was set to that changes speed or numerics (recorded)
 
-    def compile(self) -> float: ...  # seconds spent compiling before the first step (0 if lazy)
+    def compile(self) -> float: ...  # compile ahead of the first step where the framework does; seconds (0 if lazy)
+    def compile_events(self) -> List[Dict[str, Any]]: ...  # compilations since the last call (launch.core.compiles)
+    def compile_totals(self) -> Dict[str, Any]: ...  # the framework's own compile totals for the summary
     def restore(self) -> int: ...  # completed steps of the latest complete checkpoint, 0 if none
     def train_step(self, step: int, lr: float) -> tuple: ...  # (loss, grad_norm) as Python floats
     def eval_loss(self, index: int) -> float: ...  # mean loss of held-out batch `index` (no gradient), all processes
@@ -135,7 +139,7 @@ class Fault:
 # --------------------------------------------------------------------------- the three pieces
 
 class StepTimer:
-    """Wall time of each step, when each began, and the time to the first step.
+    """Wall time of each step, when each began, its real tokens, and the time to the first step.
 
     `time_to_first_step_s` counts from `process_start`, the moment the trainer's entry point began
     (so it includes imports, distributed init, model build, compile and restore).
@@ -145,6 +149,9 @@ class StepTimer:
         self.process_start = process_start
         self.durations: List[float] = []  # steps whose result counted (finite loss, not profiled)
         self.kept_starts: List[float] = []  # perf_counter at the start of each of those
+        self.kept_tokens: List[int] = []  # their real tokens (global_batch * the step's length; no padding)
+        self.kept_flops: List[float] = []  # their model FLOPs (launch.core.flops)
+        self.kept_compiled: List[bool] = []  # whether the train step compiled during them (not steady)
         self.starts: List[float] = []  # perf_counter at the start of every step taken
         self.time_to_first_step_s: Optional[float] = None
         self.loop_end: Optional[float] = None  # the last step's end, before the final save
@@ -162,21 +169,25 @@ class StepTimer:
             self.time_to_first_step_s = now - self.process_start - sum(s for _, s in self.pauses)
         return now - self._t0
 
-    def keep(self, seconds: float) -> None:
+    def keep(self, seconds: float, tokens: int = 0, model_flops: float = 0.0, compiled: bool = False) -> None:
         self.durations.append(seconds)
         self.kept_starts.append(self._t0)
+        self.kept_tokens.append(tokens)
+        self.kept_flops.append(model_flops)
+        self.kept_compiled.append(compiled)
 
     def end_loop(self) -> None:
         self.loop_end = time.perf_counter()  # the final save and its wait are not part of the loop's rate
 
-    def loop_tokens_per_s(self, tokens_per_step: int, warmup_exclude: int) -> Optional[float]:
-        """Tokens/s over the wall clock of the steady steps, intermediate checkpoint saves included."""
+    def loop_tokens_per_s(self, warmup_exclude: int) -> Optional[float]:
+        """Real tokens/s over the wall clock from the first steady step to the end of the loop:
+        intermediate checkpoint saves and compilations during steps included."""
         n = len(metrics.steady(self.durations, warmup_exclude))
         if not n or self.loop_end is None:
             return None
         first = self.kept_starts[-n]
         paused = sum(s for t0, s in self.pauses if t0 >= first)
-        return tokens_per_step * n / (self.loop_end - first - paused)
+        return sum(self.kept_tokens[-n:]) / (self.loop_end - first - paused)
 
 
 @dataclass
@@ -190,13 +201,19 @@ class CheckpointCadence:
 
 @dataclass
 class Timing:
-    """What the summary's timing figures are computed from."""
+    """What the summary's timing figures are computed from. `step_tokens`, `step_flops` and
+    `compiled` run alongside `step_times` (empty: every step has global_batch * model.seq_len real
+    tokens, the formula's FLOPs, and no compile)."""
     step_times: List[float] = field(default_factory=list)
     losses: List[float] = field(default_factory=list)
     compile_s: Optional[float] = None
     time_to_first_step_s: Optional[float] = None
     peak_flops_per_device: Optional[float] = None
     warmup_exclude: Optional[int] = None  # warm-up steps among step_times (fewer when some were traced); None: the config's
+    step_tokens: List[int] = field(default_factory=list)
+    step_flops: List[float] = field(default_factory=list)
+    compiled: List[bool] = field(default_factory=list)
+    first_save_index: Optional[int] = None  # index into step_times of the first step after the first intermediate save
 
 
 class SummaryBuilder:
@@ -236,35 +253,74 @@ class SummaryBuilder:
                     "peak_memory_bytes": self.fields.get("peak_memory_bytes", metrics.peak_rss_bytes())}
 
 
+def steady_indices(n: int, warmup_exclude: int, compiled: List[bool]) -> List[int]:
+    """Indices of the steady steps among `n` timed ones: after the warm-up (`metrics.steady`) and
+    not one during which the train step compiled (a new shape, a recompile)."""
+    first = n - len(metrics.steady([0.0] * n, warmup_exclude))
+    return [i for i in range(first, n) if not (compiled and compiled[i])]
+
+
 def timing_fields(timing: Timing, cfg: Config) -> Dict[str, Any]:
-    """Steady-state step time percentiles, throughput and MFU (warm-up steps left out), the
-    final loss, and the compile time: measured before the first step, or for a lazy framework
-    the extra time of the warm-up steps over the steady median."""
+    """Steady-state step time percentiles, throughput and MFU (warm-up steps and steps that compiled
+    left out; tokens are real tokens, see launch.core.flops), the final loss, the compile time of
+    the train step (`compile_s`, from the compile records) and the warm-up steps' excess over the
+    steady median (`warmup_excess_s`: start-up cost that is not a compile, e.g. eager PyTorch's
+    first allocations)."""
     t = cfg.train
-    tokens_per_step = t.global_batch * cfg.model.seq_len
+    n = len(timing.step_times)
     warmup = t.warmup_exclude if timing.warmup_exclude is None else timing.warmup_exclude
-    st = metrics.steady(timing.step_times, warmup)
+    idx = steady_indices(n, warmup, timing.compiled)
+    st = [timing.step_times[i] for i in idx]
     p50 = metrics.percentile(st, 50)
-    mean = sum(st) / len(st) if st else None
-    compile_s = timing.compile_s
-    if not compile_s and timing.step_times and p50 is not None:
-        warm = timing.step_times[: len(timing.step_times) - len(st)] or timing.step_times[:1]
-        compile_s = sum(max(0.0, x - p50) for x in warm)
-    tps = tokens_per_step / mean if mean else None
+    seconds = sum(st)
+    mean = seconds / len(st) if st else None
+    tokens = [timing.step_tokens[i] for i in idx] if timing.step_tokens else [t.global_batch * cfg.model.seq_len] * len(st)
+    model_flops = ([timing.step_flops[i] for i in idx] if timing.step_flops
+                   else [x * flops.flops_per_token(cfg.model) for x in tokens])
+    tps = sum(tokens) / seconds if st and seconds else None
     peak = timing.peak_flops_per_device
+    warm = timing.step_times[: n - len(metrics.steady(timing.step_times, warmup))] or timing.step_times[:1]
     return {
         "final_loss": timing.losses[-1] if timing.losses else None,
-        "compile_s": compile_s,
+        "compile_s": timing.compile_s,
+        "warmup_excess_s": sum(max(0.0, x - p50) for x in warm) if p50 is not None else None,
         "time_to_first_step_s": timing.time_to_first_step_s,
         "step_time_p50_s": p50,
         "step_time_p90_s": metrics.percentile(st, 90),
         "step_time_mean_s": mean,
         "tokens_per_s": tps,
         "tokens_per_s_per_device": tps / cfg.devices if tps else None,
-        "mfu": flops.mfu(tps / cfg.devices, cfg.model, peak) if tps and peak else None,
+        "mfu": sum(model_flops) / seconds / cfg.devices / peak if tps and peak else None,
         "peak_flops_per_device": peak,
         "timed_steps": len(st),
+        "post_save_step_ratio": _post_save_ratio(timing, idx),
+        **(_shape_fields(timing, idx, cfg) if is_dynamic(cfg.data) else {}),
     }
+
+
+def _post_save_ratio(timing: Timing, idx: List[int]) -> Optional[float]:
+    """Median steady step time after the first intermediate checkpoint save / before it: what a
+    save's background work costs the steps that follow it (1.0: nothing)."""
+    k = timing.first_save_index
+    if k is None:
+        return None
+    before = [timing.step_times[i] for i in idx if i < k]
+    after = [timing.step_times[i] for i in idx if i >= k]
+    if not before or not after:
+        return None
+    return metrics.percentile(after, 50) / metrics.percentile(before, 50)
+
+
+def _shape_fields(timing: Timing, idx: List[int], cfg: Config) -> Dict[str, Any]:
+    """data.seq_lens / data.pad_to: the mean real length of the steady steps and the share of the
+    positions they computed that was padding."""
+    B = cfg.train.global_batch
+    tokens = [timing.step_tokens[i] for i in idx] if timing.step_tokens else []
+    if not tokens:
+        return {"seq_len_mean": None, "padding_share": None}
+    real = sum(tokens)
+    padded = sum(B * padded_len(cfg.data, x // B) for x in tokens)
+    return {"seq_len_mean": real / B / len(tokens), "padding_share": 1 - real / padded if padded else None}
 
 
 class Profiling:
@@ -433,20 +489,24 @@ def run(engine: Engine, cfg: Config, cell_dir: Path, *, process_start: float, st
     w.write("start", **start_record(engine, cfg))
     summary = SummaryBuilder(engine, cfg)
     timer = StepTimer(process_start)
-    timing = Timing(step_times=timer.durations)
+    timing = Timing(step_times=timer.durations, step_tokens=timer.kept_tokens, step_flops=timer.kept_flops,
+                    compiled=timer.kept_compiled)
     cadence = CheckpointCadence(cfg.checkpoint.every)
     profiling = Profiling(engine, cfg, cell_dir, timer, w)
+    compiles = compiles_mod.CompileLog(w)
+    saves: List[float] = []  # seconds each save blocked the loop
     fault = Fault.from_env()
     if fault and not fault.applies(engine.process_index, cell_dir.name):
         fault = None
-    tokens_per_step = t.global_batch * cfg.model.seq_len
+    dynamic = is_dynamic(cfg.data)
     print_every = max(t.log_every, t.steps // 10)
     try:
         timing.peak_flops_per_device = peak = engine.peak_flops_per_device()
-        timing.compile_s = engine.compile()
-        if timing.compile_s:
-            w.write("compile", seconds=timing.compile_s)
+        compiles.take(engine, "setup", 0)  # building the state, calibrating the matmul peak
+        engine.compile()
+        compiles.take(engine, "train", 0)  # the train step ahead of time (JAX)
         start = engine.restore()
+        compiles.take(engine, "setup", start)
         summary["resumed_from_step"] = start if start else None
         summary["steps"] = start
         stop = t.stop_after or t.steps
@@ -459,6 +519,7 @@ def run(engine: Engine, cfg: Config, cell_dir: Path, *, process_start: float, st
             stop = start
         if t.eval_every and start == 0 and stop > start:  # the held-out loss at initialisation
             evaluate(engine, cfg, 0, w, summary, timer)
+            compiles.take(engine, "eval", 0)
         for step in range(start, stop):
             done = step + 1  # completed steps once this one is through
             if fault:
@@ -469,21 +530,27 @@ def run(engine: Engine, cfg: Config, cell_dir: Path, *, process_start: float, st
             with profiling.span(done):
                 loss, gnorm = engine.train_step(step, lr)
             dt = timer.stop()
+            compiled = any(r["scope"] == "train" for r in compiles.take(engine, "train", done))
             if fault:
                 loss = fault.loss(done, loss)
             timing.time_to_first_step_s = timer.time_to_first_step_s
             if not math.isfinite(loss):
                 raise NonFiniteLoss(f"loss is {loss} at step {done}; stopped without saving, the last good checkpoint is kept")
+            length = step_seq_len(cfg.data, cfg.model.seq_len, step)  # the batch of `step` (real tokens only)
+            tokens = t.global_batch * length
+            step_flops = tokens * flops.flops_per_token(cfg.model, length)
             profiled = profiling.covers(done)
             if not profiled:  # a traced step is slower: not part of the steady state
-                timer.keep(dt)
+                timer.keep(dt, tokens, step_flops, compiled)
             timing.losses.append(loss)
             summary["steps"] = done
             if main and (done % t.log_every == 0 or done == stop or profiled):
-                tps = tokens_per_step / dt
+                tps = tokens / dt
                 w.write("step", step=done, loss=loss, grad_norm=gnorm, lr=lr, step_time_s=dt,
                         tokens_per_s=tps, tokens_per_s_per_device=tps / cfg.devices,
-                        mfu=flops.mfu(tps / cfg.devices, cfg.model, peak) if peak else None,
+                        mfu=step_flops / dt / cfg.devices / peak if peak else None,
+                        **({"seq_len": length, "padded_len": padded_len(cfg.data, length)} if dynamic else {}),
+                        **({"compiled": True} if compiled else {}),
                         **({"profiled": True} if profiled else {}))
             if main and (done % print_every == 0 or done in (start + 1, stop)):
                 log.info(f"step {done}/{t.steps} loss {loss:.4f} grad_norm {gnorm:.3f} lr {lr:.2e} {dt * 1000:.1f} ms")
@@ -494,25 +561,33 @@ def run(engine: Engine, cfg: Config, cell_dir: Path, *, process_start: float, st
                 timer.end_loop()
             if t.eval_every and (done % t.eval_every == 0 or last):
                 evaluate(engine, cfg, done, w, summary, timer)
+                compiles.take(engine, "eval", done)
             if cadence.due(done, last):
                 c0 = time.perf_counter()
                 engine.save(done)
-                w.write("checkpoint", step=done, seconds=time.perf_counter() - c0)
+                saves.append(time.perf_counter() - c0)
+                w.write("checkpoint", step=done, seconds=saves[-1])
+                if not last and timing.first_save_index is None:
+                    timing.first_save_index = len(timer.durations)  # the kept steps from here on follow a save
             if stop_now:
                 summary["stopped_by"] = stopper.requested or "peer"
                 break
         profiling.finish()  # normally done after the window's last step; here if that never came
         if profiling.measured:
             summary["profiled_steps"] = sorted(profiling.measured)
-        if not timing.compile_s and engine.lazy_compile_s:
-            timing.compile_s = engine.lazy_compile_s  # torch.compile: traced and compiled inside the first step
-            w.write("compile", seconds=timing.compile_s)
         c0 = time.perf_counter()
         engine.finish()
+        wait_s = time.perf_counter() - c0
         if timer.durations:
-            w.write("checkpoint_wait", seconds=time.perf_counter() - c0)
+            w.write("checkpoint_wait", seconds=wait_s)
+        summary.fields.update({"checkpoint_saves": len(saves), "checkpoint_blocked_s": sum(saves),
+                               "checkpoint_wait_s": wait_s})
+        compiles.take(engine, "setup", summary["steps"])  # anything compiled at the end (saving)
+        totals = compiles.totals(engine.compile_totals(), first_step=start + 1)
+        summary.fields.update(totals)
+        timing.compile_s = totals["compile_s"]
         timing.warmup_exclude = max(0, t.warmup_exclude - profiling.traced_warmup(start, t.warmup_exclude))
-        loop_tps = timer.loop_tokens_per_s(tokens_per_step, timing.warmup_exclude)
+        loop_tps = timer.loop_tokens_per_s(timing.warmup_exclude)
         if loop_tps is not None:
             summary["loop_tokens_per_s"] = loop_tps
         summary["status"] = "ok" if summary["steps"] >= t.steps else "stopped"
@@ -528,13 +603,20 @@ def run(engine: Engine, cfg: Config, cell_dir: Path, *, process_start: float, st
             except Exception:
                 pass
         summary.failed(e)
+        try:
+            summary.fields.update(compiles.totals())  # what compiled before the failure
+            timing.compile_s = summary["compile_s"]
+        except Exception:  # noqa: BLE001 - the summary of a failure must still be written
+            pass
         w.write("summary", **summary.build(timing))
         w.close()
         raise
     w.write("summary", **record)
     w.close()
     if main:
+        compiled = (f"compile {record['compile_s'] or 0:.2f} s ({record['compiles']} compile(s), "
+                    f"{record['recompiles']} recompile(s))" if record.get("compiles") else "compile none")
         log.info(f"{record['status']}: {record['steps']} steps, final loss {record['final_loss']}, "
-                 f"{record['tokens_per_s'] or 0:.0f} tokens/s, compile {record['compile_s'] or 0:.2f} s, "
+                 f"{record['tokens_per_s'] or 0:.0f} tokens/s, {compiled}, "
                  f"first step after {record['time_to_first_step_s'] or 0:.2f} s")
     return record

@@ -3,19 +3,31 @@
 `<cell>/metrics.jsonl` holds one JSON object per line with a `kind`:
   start    framework, devices, processes, device_kind, host_cores, config_hash, versions, settings
            (what the framework was set to: matmul precision, XLA flags)
-  compile  seconds (lowering + compiling the train step; torch.compile time)
-  step     step, loss, grad_norm, lr, step_time_s, tokens_per_s, tokens_per_s_per_device, mfu
+  compile  one per compilation (launch.core.compiles): step, scope (train | eval | setup), seconds,
+           reason, recompile, and the framework's own fields (JAX: function, cache hit/miss/off;
+           torch.compile: compile_id, what, graph_breaks, recompile_reason)
+  step     step, loss, grad_norm, lr, step_time_s, tokens_per_s, tokens_per_s_per_device, mfu (real
+           tokens: with data.seq_lens also seq_len and padded_len); compiled: true when the train step
+           compiled during it
   eval     step, loss (mean over train.eval_batches fixed held-out batches), batches, tokens, seconds
            (left out of loop_tokens_per_s)
   checkpoint  step, seconds (time the training loop was blocked)
   checkpoint_wait  seconds (waiting for in-flight saves at the end)
   summary  framework, devices, processes, status (ok | stopped | failed), error, steps, final_loss,
            matmul_precision,
-           compile_s, time_to_first_step_s, step_time_p50_s, step_time_p90_s, tokens_per_s,
-           tokens_per_s_per_device, mfu, flops_per_token, peak_flops_per_device, params,
+           compile_s, compiles, recompiles, cache_hits, cache_misses, other_compile_s, other_compiles
+           (launch.core.compiles; torch.compile also graphs, graph_breaks), warmup_excess_s (the
+           warm-up steps' time over the steady median: start-up cost that is not a compile),
+           time_to_first_step_s, step_time_p50_s, step_time_p90_s, tokens_per_s,
+           tokens_per_s_per_device, mfu (steady steps: after the warm-up, none that compiled; real
+           tokens only), flops_per_token, peak_flops_per_device, params,
            bytes_per_device, peak_memory_bytes, resumed_from_step, loop_tokens_per_s
-           (tokens/s over the wall clock of the steady steps, including what intermediate
-           checkpoint saves cost the loop; the final save is left out, as a long run amortises it),
+           (real tokens/s over the wall clock of the steady steps, including what intermediate
+           checkpoint saves and compiles during steps cost the loop; the final save is left out, as
+           a long run amortises it), checkpoint_saves, checkpoint_blocked_s (all saves' blocking
+           time), checkpoint_wait_s (the final wait), post_save_step_ratio (median steady step after
+           the first intermediate save / before it),
+           with data.seq_lens or data.pad_to: seq_len_mean, padding_share,
            stopped_by (the signal name, "launcher gone", or "peer" when another process stopped),
            final_eval_loss (the last eval record's loss; null without train.eval_every)
 A resumed cell appends; readers take the last summary and the step records of every segment.

@@ -21,6 +21,15 @@ from 0; `positions` restart at 0 in each document (`model.doc_positions=reset`, 
 run 0..seq_len-1 (`global`). Nothing is padded: every target, including the one after an
 end-of-document token (the next document's first token, predicted from the finished document
 only), is counted by the loss.
+
+Dynamic shapes (`data.seq_lens`): the batch of step s has one sequence length L(s) for all its rows,
+drawn from `data.seq_lens` by a generator seeded with (seed, s, LEN_STREAM, LEN_STREAM) (`step_seq_len`),
+so every contender and device count sees the same lengths; its rows are the first L(s) + 1 tokens of
+the rows above (the same tokens, shorter). With `data.pad_to` the batch is padded at the end of
+each row to the smallest bucket P >= L(s) (`padded_len`): inputs with token 0, targets with IGNORE,
+which the loss leaves out in both frameworks (a causal model's real positions never see the
+padding after them, so their logits and the loss equal the unpadded batch's). Real tokens per step
+are global_batch * L(s); padding is never counted as a token.
 """
 
 from __future__ import annotations
@@ -38,6 +47,33 @@ FOLLOW_P = 0.8  # synthetic: probability that the next token follows the chain
 EVAL_STREAM = 0xE7A1  # held-out batches: seeds (data seed, EVAL_STREAM, index, row, EVAL_STREAM): 5 words, the last
 # non-zero, so never equal to training's 3-word or the documents' 4-word seeds (numpy pads seeds shorter than 4 with 0s)
 DOC_STREAM = 0xD0C  # synthetic documents: the extra seed word of the document-length generator
+LEN_STREAM = 0x1E9  # data.seq_lens: the step's length from (seed, step, LEN_STREAM, LEN_STREAM) (4 words, the last
+# never DOC_STREAM and never 0, so unlike the rows' and documents' seeds)
+IGNORE = -100  # padded targets: left out of the loss (torch's cross_entropy ignore_index; JAX masks them)
+PAD_TOKEN = 0  # padded inputs (any valid id: no real position attends to them)
+
+
+def step_seq_len(data: DataConfig, seq_len: int, step: int) -> int:
+    """The real sequence length of the batch of `step`: `seq_len` (model.seq_len), or drawn from
+    `data.seq_lens` (choice: one of them; uniform: any from min to max) by (seed, step)."""
+    if not data.seq_lens:
+        return seq_len
+    g = np.random.default_rng([data.seed, step, LEN_STREAM, LEN_STREAM])
+    if data.seq_len_dist == "uniform":
+        return int(g.integers(min(data.seq_lens), max(data.seq_lens) + 1))
+    return int(data.seq_lens[int(g.integers(0, len(data.seq_lens)))])
+
+
+def padded_len(data: DataConfig, length: int) -> int:
+    """The length a batch of real length `length` is padded to: the smallest bucket of `data.pad_to`
+    that holds it, or `length` itself without buckets."""
+    fits = [b for b in data.pad_to if b >= length]
+    return min(fits) if fits else length
+
+
+def is_dynamic(data: DataConfig) -> bool:
+    """Whether step batches may differ in shape or carry padding (the trainers then mask the loss)."""
+    return bool(data.seq_lens or data.pad_to)
 
 
 @dataclass(frozen=True)
@@ -126,9 +162,22 @@ class Batches:
         return out
 
     def split(self, step: int, start: int, stop: int) -> Tuple[np.ndarray, np.ndarray]:
-        """(inputs, targets), each (rows, seq_len)."""
+        """(inputs, targets) of the training batch of `step`, each (rows, P): P = seq_len, or with
+        data.seq_lens the step's length L padded to its bucket (targets IGNORE beyond L)."""
         rows = self.rows(step, start, stop)
-        return rows[:, :-1], rows[:, 1:]
+        L = step_seq_len(self.cfg, self.seq_len, step)
+        P = padded_len(self.cfg, L)
+        inputs, targets = rows[:, :L], rows[:, 1:L + 1]
+        if P > L:
+            pad = ((0, 0), (0, P - L))
+            inputs = np.pad(inputs, pad, constant_values=PAD_TOKEN)
+            targets = np.pad(targets, pad, constant_values=IGNORE)
+        return inputs, targets
+
+    def step_shape(self, step: int) -> Tuple[int, int]:
+        """(real length, padded length) of the batch of `step`."""
+        L = step_seq_len(self.cfg, self.seq_len, step)
+        return L, padded_len(self.cfg, L)
 
     # ------------------------------------------------------------------ held-out batches (evaluation)
     def eval_rows(self, index: int, start: int, stop: int) -> np.ndarray:

@@ -51,8 +51,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _plan_compile(cfg, args: argparse.Namespace) -> int:
     """`plan --compile`: the cell's per-device memory, compile time and FLOPs, estimated on this machine."""
+    from launch.config import contenders
     from launch.launcher import aot, rundir
-    results = aot.estimate([cfg], [rundir.cell_name(cfg.framework, cfg.devices)])
+    cfg = rundir.applied(cfg)
+    results = aot.estimate([cfg], [rundir.cell_name(contenders.of_run(cfg).name, cfg.devices)])
     print(aot.to_json(results) if args.json else aot.format_text(results), end="" if not args.json else "\n")
     if args.check:
         r = results[0]
@@ -251,7 +253,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plan)
     p = with_config(sub.add_parser("run", help="run one cell (framework x devices) on the target"))
     p.set_defaults(func=cmd_run)
-    p = with_config(sub.add_parser("sweep", help="run every framework x devices cell of sweep.*, then report"))
+    p = with_config(sub.add_parser("sweep", help="run every contender x devices cell of sweep.*, then report"))
     p.set_defaults(func=cmd_sweep)
     p = sub.add_parser("report", help="write report.md/json/csv and plots for a run directory")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")

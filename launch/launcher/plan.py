@@ -14,10 +14,11 @@ from typing import Any, Dict, List
 from omegaconf import OmegaConf
 
 from launch import config as config_mod, targets
+from launch.config import contenders
 from launch.config.schema import Config
 from launch.core import engine, flops, sharding
 from launch.core.params import LAYERS, count_params, param_table
-from launch.launcher.rundir import RunDir
+from launch.launcher.rundir import RunDir, applied
 
 BYTES_PER_PARAM = 4  # fp32 master weights
 ADAM_STATES = 2  # mu and nu, fp32
@@ -45,6 +46,7 @@ def weight_layouts(cfg: Config) -> List[Dict[str, Any]]:
 
 
 def describe(cfg: Config) -> Dict[str, Any]:
+    cfg = applied(cfg)
     mesh = config_mod.mesh_shape(cfg)
     counts = count_params(cfg.model)
     layouts = weight_layouts(cfg)
@@ -52,9 +54,10 @@ def describe(cfg: Config) -> Dict[str, Any]:
     dp = mesh["data"] * mesh["fsdp"]
     weights = per_device * BYTES_PER_PARAM
     run = RunDir(cfg)
-    cell = run.cell(cfg.framework, cfg.devices)
+    cell = run.cell(contenders.of_run(cfg), cfg.devices)
     return {
         "framework": cfg.framework,
+        "contender": cell.contender,
         "target": cfg.target,
         "devices": cfg.devices,
         "params": counts["total"],
@@ -81,7 +84,7 @@ def _gib(n: int) -> str:
 def format_text(p: Dict[str, Any]) -> str:
     m = p["mesh"]
     lines = ["# resolved config", OmegaConf.to_yaml(OmegaConf.create(p["config"])).rstrip(), "",
-             f"# {p['framework']} on {p['devices']} device(s), target={p['target']}",
+             f"# {p['contender']} ({p['framework']}) on {p['devices']} device(s), target={p['target']}",
              "mesh: " + " x ".join(f"{k}={v}" for k, v in m["axes"].items()),
              f"batch: {m['batch']['global']} sequences split over {'x'.join(m['batch']['split'])} -> "
              f"{m['batch']['per_device']} per device ({m['batch']['micro_batch_per_device']} per micro-batch)",

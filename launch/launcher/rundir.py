@@ -11,7 +11,8 @@
         <cell>/checkpoints/          the cell's checkpoints (unless checkpoint.dir is set)
         report.md, report.json, report.csv, *.png
 
-A cell is named <framework>-d<devices>[-<key>_<value>...]. Checkpoints belong to a run: by
+A cell is named <contender>-d<devices>[-<key>_<value>...] (`launch.config.contenders`: jax, torch,
+torch-compile or a name of yours). Checkpoints belong to a run: by
 default they live inside the cell's directory, so a fresh run directory always starts fresh; with
 `checkpoint.dir=ROOT` they go to ROOT/<run.name>/<cell>, which holds an owner file naming the run,
 and a different run that would land there is refused. In the cell's config.yaml `checkpoint.dir`
@@ -34,21 +35,33 @@ from typing import Any, ContextManager, Dict, List, Optional, Sequence, Tuple
 from launch import config as config_mod
 from launch.common import files
 from launch.config import ConfigError
+from launch.config.contenders import Contender, inferred_name, of_run
 from launch.config.schema import Config
 from launch.targets import Cell
 
 CHECKPOINTS_DIR = "checkpoints"
 
-
 def _slug(value: Any) -> str:
+    if value in ([], {}, None, ""):
+        return "none"
     return re.sub(r"[^A-Za-z0-9.]+", "_", str(value)).strip("_")
 
 
-def cell_name(framework: str, devices: int, extra: Optional[Dict[str, Any]] = None) -> str:
-    parts = [f"{framework}-d{devices}"]
+def cell_name(contender: str, devices: int, extra: Optional[Dict[str, Any]] = None) -> str:
+    """<contender>-d<devices>[-<key>_<value>...]; `contender` is a contender's name (for a cell that
+    names none, its framework's built-in name: jax, torch or torch-compile)."""
+    parts = [f"{contender}-d{devices}"]
     for key, value in (extra or {}).items():
         parts.append(f"{key.rsplit('.', 1)[-1]}_{_slug(value)}")
     return "-".join(parts)
+
+
+def applied(cfg: Config) -> Config:
+    """`cfg` with the settings of its `contender` applied (`scaleout run`/`plan contender=NAME`); itself
+    when it names none."""
+    if cfg.contender is None:
+        return cfg
+    return config_mod.replace(cfg, of_run(cfg).settings())
 
 
 def _abs(path: str) -> str:
@@ -126,14 +139,18 @@ class RunDir:
             **({"checkpoint.load_from": _abs(cfg.checkpoint.load_from)} if cfg.checkpoint.load_from else {}),
         })
 
-    def cell(self, framework: str, devices: int, extra: Optional[Dict[str, Any]] = None,
+    def cell(self, contender: "Contender | str", devices: int, extra: Optional[Dict[str, Any]] = None,
              updates: Optional[Dict[str, Any]] = None) -> Cell:
-        """The cell framework x devices (x extra) of this run, with its resolved config; `updates` are the
-        keys the cell sets besides those (e.g. its global batch)."""
+        """The cell contender x devices (x extra) of this run, with its resolved config: the contender's
+        settings, then `updates` (keys the sweep sets per cell, e.g. its global batch), then `extra`. A
+        framework name for `contender` means the contender that framework and torch.compile name."""
+        if isinstance(contender, str):
+            contender = Contender(inferred_name(contender, self.cfg.torch.compile), contender)
         extra = dict(extra or {})
-        name = cell_name(framework, devices, extra)
-        cfg = config_mod.replace(self.cfg, {"framework": framework, "devices": devices, **(updates or {}), **extra})
-        return Cell(name, framework, devices, extra, self.cell_config(cfg, name), self.cell_dir(name))
+        name = cell_name(contender.name, devices, extra)
+        cfg = config_mod.replace(self.cfg, {**contender.settings(), "devices": devices, **(updates or {}), **extra})
+        return Cell(name, contender.framework, devices, extra, self.cell_config(cfg, name), self.cell_dir(name),
+                    contender.name)
 
     def check(self, cells: Sequence[Cell]) -> None:
         """Refuse cells that clash with what the run directory or their checkpoint places hold (nothing is written)."""
@@ -156,7 +173,8 @@ class RunDir:
             claimed: List[Path] = []
             try:
                 cells = [c if c.cfg.run.id == rid else
-                         Cell(c.name, c.framework, c.devices, c.extra, config_mod.replace(c.cfg, {"run.id": rid}), c.dir)
+                         Cell(c.name, c.framework, c.devices, c.extra, config_mod.replace(c.cfg, {"run.id": rid}), c.dir,
+                              c.contender)
                          for c in cells]
                 self.check(cells)
                 for c in cells:

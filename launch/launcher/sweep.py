@@ -1,6 +1,8 @@
 """The orchestrator: `scaleout sweep` and `scaleout run` (a sweep of one cell), for every target.
 
-    expand   frameworks x devices (x sweep.extra) into cells, each a fully resolved config
+    expand   contenders x devices (x sweep.extra) into cells, each a fully resolved config; a contender
+             (launch.config.contenders) is a framework plus its own settings, `sweep.contenders` or one
+             per `sweep.frameworks`
     check    every cell valid for the target, the environment ready (preflight), no cell of the
              run directory written with other math, no checkpoint directory of another run,
              no cell held by another launcher or a live job, and with `plan.check_fit` every
@@ -25,7 +27,7 @@ import logging
 from typing import Any, Dict, List, Optional, Sequence
 
 from launch.common import files
-from launch.config import ConfigError
+from launch.config import ConfigError, contenders
 from launch.config.schema import Config
 from launch.launcher import gpu_preflight, inputs, rundir
 from launch.launcher.rundir import RunDir
@@ -36,14 +38,16 @@ from launch.targets.errors import SubmitError
 log = logging.getLogger(__name__)
 
 
-def global_batch(cfg: Config, devices: int) -> int:
+def global_batch(cfg: Config, devices: int, base: Optional[int] = None) -> int:
+    """A cell's global batch at `devices`; `base` is train.global_batch (a contender may set its own)."""
+    base = cfg.train.global_batch if base is None else base
     if cfg.sweep.scaling == "strong":
-        return cfg.train.global_batch
+        return base
     nmin = min(cfg.sweep.devices)
-    if cfg.train.global_batch % nmin:
-        raise ConfigError(f"train.global_batch={cfg.train.global_batch} is not divisible by the smallest sweep device count {nmin}; "
+    if base % nmin:
+        raise ConfigError(f"train.global_batch={base} is not divisible by the smallest sweep device count {nmin}; "
                           f"with sweep.scaling=weak it is the global batch at {nmin} device(s) and must split evenly over them.")
-    return cfg.train.global_batch // nmin * devices
+    return base // nmin * devices
 
 
 def expand(cfg: Config, run: Optional[RunDir] = None) -> List[Cell]:
@@ -52,22 +56,23 @@ def expand(cfg: Config, run: Optional[RunDir] = None) -> List[Cell]:
     keys = list(cfg.sweep.extra)
     combos = list(itertools.product(*(cfg.sweep.extra[k] for k in keys))) if keys else [()]
     cells = []
-    for fw in cfg.sweep.frameworks:
+    for c in contenders.of_sweep(cfg):  # their settings were checked with the config (launch.config.loader)
         for d in cfg.sweep.devices:
             for combo in combos:
                 extra = dict(zip(keys, combo))
                 try:
-                    cells.append(run.cell(fw, d, extra, {"train.global_batch": global_batch(cfg, d)}))
+                    batch = global_batch(cfg, d, c.overrides.get("train.global_batch"))
+                    cells.append(run.cell(c, d, extra, {"train.global_batch": batch}))
                 except ConfigError as e:
-                    raise ConfigError(f"sweep cell {rundir.cell_name(fw, d, extra)}: {e}") from None
+                    raise ConfigError(f"sweep cell {rundir.cell_name(c.name, d, extra)}: {e}") from None
     if len({c.name for c in cells}) != len(cells):
-        raise ConfigError("sweep.devices or sweep.frameworks lists a value twice; each cell must be unique.")
+        raise ConfigError("sweep.devices, sweep.frameworks or sweep.contenders lists a value twice; each cell must be unique.")
     return cells
 
 
 def single(cfg: Config, run: Optional[RunDir] = None) -> List[Cell]:
-    """`scaleout run`: the one cell of `framework` x `devices`."""
-    return [(run or RunDir(cfg)).cell(cfg.framework, cfg.devices)]
+    """`scaleout run`: the one cell of the contender (`contender`, else the framework's) x `devices`."""
+    return [(run or RunDir(cfg)).cell(contenders.of_run(cfg), cfg.devices)]
 
 
 def check(cfg: Config, run: RunDir, cells: Sequence[Cell]) -> Dict[str, Dict[str, Any]]:
@@ -111,10 +116,11 @@ def is_finished(c: Cell) -> bool:
 
 
 def manifest(cfg: Config, cells: Sequence[Cell]) -> Dict[str, Any]:
-    """sweep.json: the cells of a sweep, in order, with what distinguishes them."""
+    """sweep.json: the contenders of a sweep and its cells, in order, with what distinguishes them."""
     return {"scaling": cfg.sweep.scaling, "target": cfg.target, "model": cfg.model.name,
-            "cells": [{"name": c.name, "framework": c.framework, "devices": c.devices, "extra": c.extra,
-                       "global_batch": c.cfg.train.global_batch} for c in cells]}
+            "contenders": [c.as_dict() for c in contenders.of_sweep(cfg)],
+            "cells": [{"name": c.name, "contender": c.contender, "framework": c.framework, "devices": c.devices,
+                       "extra": c.extra, "global_batch": c.cfg.train.global_batch} for c in cells]}
 
 
 def execute(cfg: Config, run: RunDir, cells: List[Cell], is_sweep: bool) -> List[Outcome]:

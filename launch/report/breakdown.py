@@ -48,7 +48,7 @@ def entries(run_dir: Path, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     if not any(r.get("_profile") for r in rows):
         return []
     out = []
-    for r in sorted(rows, key=lambda r: (r["cell"].split("-", 2)[2:], r["devices"], r["framework"])):
+    for r in sorted(rows, key=lambda r: (r.get("variant", ""), r["devices"], r.get("contender", r["framework"]))):
         rec = r.get("_profile")
         wanted = list(((r.get("_cfg") or {}).get("profile") or {}).get("steps") or [])
         if not rec and not wanted:

@@ -2,16 +2,11 @@
 
 Writes report.md, report.json, report.csv and PNG plots (throughput per device, scaling
 efficiency, loss curves, start-up cost; with profile.steps, the step-time breakdown of
-`launch.report.breakdown`). Definitions:
-
-- start-up cost: `time_to_first_step_s`, from process start to the end of the first step; it
-  contains compilation (XLA for JAX; torch.compile when enabled), initialisation and restore.
-- wall time of an n-step run: start-up + (n - 1) * mean steady step time.
-- compile break-even at a device count: the framework with the larger start-up cost catches up
-  after n = 1 + (startup_slow - startup_fast) / (step_other - step_own) steps if its steps are
-  faster; otherwise "never".
-- weak-scaling efficiency: tokens/s per device at N / at the smallest N; strong: speed-up /
-  (N / N_min).
+`launch.report.breakdown`). Cells are grouped by contender (`launch.config.contenders`: jax, torch,
+torch-compile or a sweep's own), read from each cell's config.yaml; the comparisons of every pair of
+contenders, the headline, the compile and checkpoint costs and the dynamic-shapes block are
+`launch.report.compare`, whose docstring has the definitions (start-up, wall time, break-even,
+efficiency).
 """
 
 from __future__ import annotations
@@ -20,7 +15,6 @@ import csv
 import io
 import json
 import logging
-import math
 import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -29,15 +23,22 @@ from omegaconf import OmegaConf
 
 from launch.common import files
 from launch.common.files import CONFIG_NAME, LOGS_DIR, METRICS_NAME, SWEEP_FILE
-from launch.core import attention
-from launch.report import breakdown as report_profile, projection as report_projection, projection_view
+from launch.config import contenders
+from launch.report import (breakdown as report_profile, compare, projection as report_projection, projection_view,
+                           sections)
+from launch.report.compare import break_even, kernel_note, wall_time  # noqa: F401  (importable from here)
 
 log = logging.getLogger(__name__)
 
-ROW_FIELDS = ["cell", "framework", "devices", "processes", "global_batch", "tokens_per_s", "tokens_per_s_per_device",
-              "mfu", "step_time_p50_s", "step_time_p90_s", "compile_s", "time_to_first_step_s",
-              "peak_memory_bytes", "final_loss", "final_eval_loss", "steps", "status", "error", "est_memory_bytes", "est_limit_bytes",
-              "est_compile_s"]
+ROW_FIELDS = ["cell", "contender", "framework", "devices", "variant", "processes", "global_batch", "tokens_per_s",
+              "tokens_per_s_per_device", "mfu", "step_time_p50_s", "step_time_p90_s", "compile_s", "compiles",
+              "recompiles", "graph_breaks", "cache_hits", "cache_misses", "warmup_excess_s", "time_to_first_step_s",
+              "loop_tokens_per_s", "checkpoint_saves", "checkpoint_blocked_s", "post_save_step_ratio", "seq_len_mean",
+              "padding_share", "peak_memory_bytes", "final_loss", "final_eval_loss", "steps", "status", "error",
+              "est_memory_bytes", "est_limit_bytes", "est_compile_s"]
+# Summary fields kept on a row besides ROW_FIELDS (for the comparisons, not the CSV).
+EXTRA_FIELDS = ("step_time_mean_s", "graphs", "other_compiles", "other_compile_s", "later_compile_s",
+                "checkpoint_wait_s")
 
 
 class ReportError(Exception):
@@ -79,12 +80,14 @@ def load_cell(cell_dir: Path) -> Dict[str, Any]:
     summaries = [r for r in recs if r.get("kind") == "summary"]
     starts = [r for r in recs if r.get("kind") == "start"]
     s = summaries[-1] if summaries else None
-    row: Dict[str, Any] = {k: None for k in ROW_FIELDS}
-    row.update({"cell": cell_dir.name, "framework": cfg["framework"], "devices": cfg["devices"],
-                "global_batch": cfg["train"]["global_batch"]})
+    row: Dict[str, Any] = {k: None for k in (*ROW_FIELDS, *EXTRA_FIELDS)}
+    contender = contenders.name_of(cfg)
+    prefix = f"{contender}-d{cfg['devices']}-"
+    row.update({"cell": cell_dir.name, "contender": contender, "framework": cfg["framework"], "devices": cfg["devices"],
+                "variant": cell_dir.name[len(prefix):] if cell_dir.name.startswith(prefix) else "",
+                "global_batch": cfg["train"]["global_batch"], "torch_compile": contenders.uses_torch_compile(cfg)})
     if s:
-        row.update({k: s.get(k) for k in ROW_FIELDS if k in s and k not in ("cell", "error")})
-        row["step_time_mean_s"] = s.get("step_time_mean_s")
+        row.update({k: s.get(k) for k in (*ROW_FIELDS, *EXTRA_FIELDS) if k in s and k not in ("cell", "error")})
     steps, evals = {}, {}
     for r in recs:
         if r.get("kind") == "step" and isinstance(r.get("step"), int):
@@ -108,88 +111,12 @@ def load_cell(cell_dir: Path) -> Dict[str, Any]:
     return row
 
 
-def break_even(startup_a: float, step_a: float, startup_b: float, step_b: float) -> Dict[str, Any]:
-    """Which of a/b has the larger start-up cost and after how many steps it catches up (or never)."""
-    slow_is_a = startup_a >= startup_b
-    s_up, s_step, o_up, o_step = (startup_a, step_a, startup_b, step_b) if slow_is_a else (startup_b, step_b, startup_a, step_a)
-    if s_step >= o_step:
-        n: Any = "never"
-    else:
-        n = max(1, math.ceil(1 + (s_up - o_up) / (o_step - s_step)))
-    return {"slower_start": "a" if slow_is_a else "b", "steps": n}
-
-
-def wall_time(startup: float, step: float, n: int) -> float:
-    return startup + (n - 1) * step
-
-
-def variant(row: Dict[str, Any]) -> str:
-    """The sweep.extra part of a cell's name (`jax-d2-attention_document` -> `attention_document`), '' if none."""
-    parts = str(row.get("cell", "")).split("-", 2)
-    return parts[2] if len(parts) == 3 else ""
-
-
-def kernel_note(a: Dict[str, Any], b: Dict[str, Any], a_name: str = "", b_name: str = "") -> Dict[str, Any]:
-    """Which attention kernels two compared cells ran (their start records' settings, `launch.core.attention`)
-    and whether they are of different classes (fused vs dense): then their ratio is partly the kernel."""
-    sa, sb = (a.get("_start") or {}).get("settings"), (b.get("_start") or {}).get("settings")
-    ka, kb = attention.from_settings(sa), attention.from_settings(sb)
-    return {"kernels": {a_name or a["framework"]: ka.label if ka else None, b_name or b["framework"]: kb.label if kb else None},
-            "different_classes": bool(ka and kb and ka.kind != kb.kind),
-            "note": attention.pair_note(a_name or a["framework"], sa, b_name or b["framework"], sb)}
-
-
-def derive(rows: List[Dict[str, Any]], scaling: str, horizon: int) -> Dict[str, Any]:
-    """Scaling efficiency, JAX/PyTorch ratio, compile break-even and loss gap per device count. With
-    sweep.extra a framework has several cells per device count: these figures compare the cells of the
-    first extra combination (the sweep's first, `variant`); the workloads section compares the others."""
-    base_variant = variant(rows[0]) if rows else ""
-    rows = [r for r in rows if variant(r) == base_variant]
-    ok = [r for r in rows if r["status"] == "ok" and r["tokens_per_s"]]
-    out: Dict[str, Any] = {"scaling": scaling, "horizon_steps": horizon, "variant": base_variant or None,
-                           "efficiency": {}, "jax_over_torch": {}, "break_even": {}, "loss_gap": {}, "attention": {}}
-    for fw in sorted({r["framework"] for r in ok}):
-        mine = sorted((r for r in ok if r["framework"] == fw), key=lambda r: r["devices"])
-        base = mine[0]
-        eff = {}
-        for r in mine:
-            if scaling == "weak":
-                eff[r["devices"]] = r["tokens_per_s_per_device"] / base["tokens_per_s_per_device"]
-            else:
-                eff[r["devices"]] = (r["tokens_per_s"] / base["tokens_per_s"]) / (r["devices"] / base["devices"])
-        out["efficiency"][fw] = eff
-    by_dev: Dict[int, Dict[str, Dict[str, Any]]] = {}
-    for r in ok:
-        by_dev.setdefault(r["devices"], {})[r["framework"]] = r
-    for d, fws in sorted(by_dev.items()):
-        if "jax" in fws and "torch" in fws:
-            j, t = fws["jax"], fws["torch"]
-            out["jax_over_torch"][d] = j["tokens_per_s"] / t["tokens_per_s"]
-            out["attention"][d] = kernel_note(j, t)
-            js, ts = j.get("step_time_mean_s") or j["step_time_p50_s"], t.get("step_time_mean_s") or t["step_time_p50_s"]
-            be = break_even(j["time_to_first_step_s"], js, t["time_to_first_step_s"], ts)
-            slower = "jax" if be["slower_start"] == "a" else "torch"
-            out["break_even"][d] = {"slower_start": slower, "steps": be["steps"],
-                                    "startup_s": {"jax": j["time_to_first_step_s"], "torch": t["time_to_first_step_s"]},
-                                    "step_time_s": {"jax": js, "torch": ts},
-                                    "wall_time_s": {"jax": wall_time(j["time_to_first_step_s"], js, horizon),
-                                                    "torch": wall_time(t["time_to_first_step_s"], ts, horizon)}}
-    for d in sorted({r["devices"] for r in rows}):
-        cells = {r["framework"]: dict(r["_loss"]) for r in rows if r["devices"] == d and r["_loss"]}
-        if "jax" in cells and "torch" in cells:
-            common = sorted(set(cells["jax"]) & set(cells["torch"]))
-            if common:
-                gaps = [abs(cells["jax"][s] - cells["torch"][s]) / max(abs(cells["torch"][s]), 1e-12) for s in common]
-                out["loss_gap"][d] = {"steps_compared": len(common), "max_rel_diff": max(gaps)}
-    return out
-
-
 # Workload axes of issue 15: (config key, baseline value, variant value).
 WORKLOAD_AXES = (("attention", "causal", "document"), ("norm_impl", "native", "custom"))
 
 
 def workloads(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Per framework and device count, each variant cell against the baseline cell that differs
+    """Per contender and device count, each variant cell against the baseline cell that differs
     from it only in that one model key (model.attention, model.norm_impl): throughput ratio and
     the change in compile and first-step time."""
     ok = [r for r in rows if r["status"] == "ok" and r["tokens_per_s"]]
@@ -198,7 +125,7 @@ def workloads(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         def ident(r, key=key):
             m = dict(r["_cfg"]["model"])
             m.pop(key, None)
-            return r["framework"], r["devices"], json.dumps(m, sort_keys=True, default=str)
+            return r["contender"], r["devices"], json.dumps(m, sort_keys=True, default=str)
 
         base = {ident(r): r for r in ok if r["_cfg"]["model"].get(key, base_v) == base_v}
         for r in ok:
@@ -207,12 +134,12 @@ def workloads(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 continue
             settings = (r.get("_start") or {}).get("settings") or {}
             others = {k: r["_cfg"]["model"].get(k) for k, _, _ in WORKLOAD_AXES if k != key}
-            out.append({"axis": key, "framework": r["framework"], "devices": r["devices"], "cell": r["cell"],
+            out.append({"axis": key, "contender": r["contender"], "framework": r["framework"], "devices": r["devices"], "cell": r["cell"],
                         "baseline_cell": b["cell"], "with": others, "throughput_ratio": r["tokens_per_s"] / b["tokens_per_s"],
                         "compile_s": {"baseline": b["compile_s"], "variant": r["compile_s"]},
                         "first_step_s": {"baseline": b["time_to_first_step_s"], "variant": r["time_to_first_step_s"]},
                         "document_mask_impl": settings.get("document_mask_impl") if key == "attention" else None})
-    return sorted(out, key=lambda w: (w["axis"], w["framework"], w["devices"], w["cell"]))
+    return sorted(out, key=lambda w: (w["axis"], w["contender"], w["devices"], w["cell"]))
 
 
 def _delta(pair: Dict[str, Any]) -> str:
@@ -248,17 +175,29 @@ def write(run_dir: Path, project_to: Optional[List[int]] = None) -> Dict[str, An
         raise ReportError(f"RUN_DIR={str(run_dir)!r} holds no cells (no <cell>/{CONFIG_NAME}); give a directory written by `scaleout run` or `scaleout sweep`.")
     rows = [load_cell(d) for d in dirs]
     manifest = files.read_json(run_dir / SWEEP_FILE)
-    scaling = manifest["scaling"] if isinstance(manifest, dict) and "scaling" in manifest else rows[0]["_cfg"]["sweep"]["scaling"]
+    manifest = manifest if isinstance(manifest, dict) else {}
+    scaling = manifest.get("scaling") or rows[0]["_cfg"]["sweep"]["scaling"]
     horizon = int(rows[0]["_cfg"]["report"]["horizon_steps"])
-    derived = derive(rows, scaling, horizon)
+    listed = [c.get("name") for c in manifest.get("contenders") or [] if isinstance(c, dict)]
+    order = compare.contender_order(rows, listed)
+    rows.sort(key=lambda r: (order.index(r["contender"]), r["devices"], r["cell"]))
+    by_name = {r["cell"]: r for r in rows}
+    first = next((by_name[c["name"]] for c in manifest.get("cells") or []
+                  if isinstance(c, dict) and c.get("name") in by_name), rows[0])
+    derived = compare.derive(rows, scaling, horizon, order, first["variant"])
     hw = hardware(rows)
     profiled = report_profile.entries(run_dir, rows)
     projected = report_projection.section(rows, scaling, hw, report_projection.settings(rows, project_to))
     plots = _plots(run_dir, rows, derived, profiled, projected)
     _wandb_media(run_dir, rows, plots)
     public = [{k: r.get(k) for k in ROW_FIELDS} for r in rows]
-    doc = {"run_dir": str(run_dir), "model": rows[0]["_cfg"]["model"]["name"], "hardware": hw, "cells": public,
-           "derived": derived, "plots": [p.name for p in plots], "workloads": workloads(rows),
+    doc = {"run_dir": str(run_dir), "model": rows[0]["_cfg"]["model"]["name"], "hardware": hw,
+           "contenders": [{"name": n, "framework": next(r["framework"] for r in rows if r["contender"] == n),
+                           "torch_compile": next(r["torch_compile"] for r in rows if r["contender"] == n),
+                           "cells": [r["cell"] for r in rows if r["contender"] == n]} for n in order],
+           "cells": public, "derived": derived, "compile": compare.compile_costs(rows),
+           "checkpoints": compare.checkpoint_costs(rows), "dynamic_shapes": compare.dynamic_shapes(rows, horizon),
+           "plots": [p.name for p in plots], "workloads": workloads(rows),
            "loss_curves": {r["cell"]: r["_loss"] for r in rows},
            "eval_loss_curves": {r["cell"]: r["_eval"] for r in rows if r.get("_eval")},
            "profile": {e["cell"]: e for e in profiled}, "projection": projected}
@@ -289,16 +228,7 @@ def _wandb_media(run_dir: Path, rows: List[Dict[str, Any]], plots: List[Path]) -
         log.info(f"W&B: the plots are on run {rid} of group {settings.get('group')} ({settings.get('mode')})")
 
 
-def _fmt(v: Any, kind: str = "") -> str:
-    if v is None:
-        return "-"
-    if kind == "bytes":
-        return f"{v / 2**20:.0f} MiB"
-    if kind == "pct":
-        return f"{100 * v:.1f}%"
-    if isinstance(v, float):
-        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
-    return str(v)
+_fmt = sections.fmt
 
 
 def _markdown(doc: Dict[str, Any], rows: List[Dict[str, Any]]) -> str:
@@ -307,19 +237,23 @@ def _markdown(doc: Dict[str, Any], rows: List[Dict[str, Any]]) -> str:
          f"Run directory: `{doc['run_dir']}`  ",
          f"Hardware: {', '.join(hw['device_kinds']) or 'unknown'}; up to {hw['max_devices']} device(s); "
          f"host cores {', '.join(map(str, hw['host_cores'])) or '?'}; hosts {', '.join(hw['hosts']) or '?'}  ",
-         f"Scaling: {d['scaling']} ({'per-device batch fixed' if d['scaling'] == 'weak' else 'global batch fixed'})", ""]
+         f"Scaling: {d['scaling']} ({'per-device batch fixed' if d['scaling'] == 'weak' else 'global batch fixed'})  ",
+         "Contenders: " + ", ".join(f"{c['name']} ({c['framework']}{', torch.compile' if c['torch_compile'] else ''})"
+                                   for c in doc["contenders"]), ""]
     if hw.get("warning"):
         L += [f"> **Warning:** {hw['warning']}.", ""]
     if hw.get("mfu_peaks"):
         L += ["MFU is measured against: " + "; ".join(hw["mfu_peaks"]) + ".", ""]
+    L += sections.headline(doc)
     L += ["## Cells", "",
-          "| cell | fw | dev | proc | batch | tokens/s | tokens/s/dev | MFU | step p50 | step p90 | compile | first step | peak mem | final loss | status |",
+          "| cell | contender | dev | proc | batch | tokens/s | tokens/s/dev | MFU | step p50 | step p90 | compile | first step | peak mem | final loss | status |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["cells"]:
         status = r["status"] if r["status"] == "ok" else f"**{r['status']}**: {r['error'] or ''}".replace("|", "\\|")
-        L.append(f"| {r['cell']} | {r['framework']} | {r['devices']} | {_fmt(r['processes'])} | {r['global_batch']} | "
+        L.append(f"| {r['cell']} | {r['contender']} | {r['devices']} | {_fmt(r['processes'])} | {r['global_batch']} | "
                  f"{_fmt(r['tokens_per_s'])} | {_fmt(r['tokens_per_s_per_device'])} | {_fmt(r['mfu'], 'pct')} | "
-                 f"{_fmt(r['step_time_p50_s'])} s | {_fmt(r['step_time_p90_s'])} s | {_fmt(r['compile_s'])} s | "
+                 f"{_fmt(r['step_time_p50_s'])} s | {_fmt(r['step_time_p90_s'])} s | "
+                 f"{sections.compile_cell(r['compiles'], r['compile_s'])} | "
                  f"{_fmt(r['time_to_first_step_s'])} s | {_fmt(r['peak_memory_bytes'], 'bytes')} | {_fmt(r['final_loss'])} | {status} |")
     estimated = [r for r in rows if r.get("est_memory_bytes") is not None]
     if estimated:
@@ -335,59 +269,39 @@ def _markdown(doc: Dict[str, Any], rows: List[Dict[str, Any]]) -> str:
         if any(k == "cpu" for k in hw["device_kinds"]):
             L += ["", "On CPU the measured peak is the process's peak RSS: it includes the interpreter and libraries "
                   "(a few hundred MiB) and, with simulated devices, every device of the process."]
-    L += ["", "## Scaling efficiency", ""]
-    if d.get("variant"):
-        L += [f"Scaling, JAX vs PyTorch and break-even compare the `{d['variant']}` cells (the sweep's first "
-              "`sweep.extra` combination); the other combinations are compared below under Workloads, when they are one.", ""]
-    for fw, eff in d["efficiency"].items():
-        L.append(f"- {fw}: " + ", ".join(f"{n} dev {100 * e:.0f}%" for n, e in sorted(eff.items())))
-    L += ["", "## JAX vs PyTorch", ""]
-    if not d["jax_over_torch"]:
-        L.append("No device count has a finished cell of both frameworks.")
-    for n, ratio in sorted(d["jax_over_torch"].items()):
-        be = d["break_even"][n]
-        other = "torch" if be["slower_start"] == "jax" else "jax"
-        catch = (f"catches up after {be['steps']} steps" if be["steps"] != "never"
-                 else "never catches up (its steps are not faster)")
-        L.append(f"- {n} device(s): JAX/PyTorch throughput {ratio:.2f}x. {be['slower_start']} starts "
-                 f"{be['startup_s'][be['slower_start']] - be['startup_s'][other]:.1f} s later and {catch}. "
-                 f"A {d['horizon_steps']:,}-step run: jax {be['wall_time_s']['jax'] / 60:.1f} min, "
-                 f"torch {be['wall_time_s']['torch'] / 60:.1f} min.")
-        note = (d.get("attention") or {}).get(n, {}).get("note")
-        if note:
-            L.append(f"  - {note[0].upper() + note[1:]}.")
-    L += ["", "## Loss curves", ""]
-    if not d["loss_gap"]:
-        L.append("No device count has loss curves of both frameworks.")
-    for n, g in sorted(d["loss_gap"].items()):
-        L.append(f"- {n} device(s): jax and torch differ by at most {100 * g['max_rel_diff']:.3g}% over "
-                 f"{g['steps_compared']} steps (same data, same initial weights)")
+    L += [""] + sections.pairs(doc) + sections.efficiency(doc) + sections.compiles(doc) + sections.checkpoints(doc)
+    L += ["## Loss curves", ""]
+    if not any(p["loss_gap"] for p in d["pairs"]):
+        L.append("No device count has loss curves of two contenders.")
     for r in rows:
         if r.get("_eval"):
             step, loss = r["_eval"][-1]
             L.append(f"- {r['cell']}: held-out loss {_fmt(loss)} at step {step} (training loss {_fmt(r['final_loss'])}; "
                      f"{len(r['_eval'])} evaluations on fixed held-out batches)")
+    L += ["", "Each pair's loss agreement is under Contenders compared (same data, same initial weights)."]
     if doc.get("workloads"):
         L += ["", "## Workloads: document mask and custom op", "",
               "Each variant cell against the cell that differs from it only in `model.attention` (document vs "
               "causal) or `model.norm_impl` (custom vs native): throughput ratio (variant / baseline), then compile "
               "and first-step time of the variant with the change from the baseline in brackets. `mask impl` is what "
               "ran the document mask (torch: flex or sdpa, from `torch.document_mask_impl`).", "",
-              "| axis | fw | dev | variant cell | vs | throughput ratio | compile | first step | mask impl |",
+              "| axis | contender | dev | variant cell | vs | throughput ratio | compile | first step | mask impl |",
               "|---|---|---|---|---|---|---|---|---|"]
         for w in doc["workloads"]:
             axis = "document/causal" if w["axis"] == "attention" else "custom/native norm"
-            L.append(f"| {axis} | {w['framework']} | {w['devices']} | {w['cell']} | {w['baseline_cell']} | "
+            L.append(f"| {axis} | {w['contender']} | {w['devices']} | {w['cell']} | {w['baseline_cell']} | "
                      f"{w['throughput_ratio']:.3f}x | {_delta(w['compile_s'])} | {_delta(w['first_step_s'])} | "
                      f"{w['document_mask_impl'] or '-'} |")
+    L += [""] + sections.dynamic_shapes(doc)
     breakdown = report_profile.PLOT_NAME if report_profile.PLOT_NAME in doc["plots"] else None
     L += report_profile.markdown(list(doc["profile"].values()), breakdown)
     projected = projection_view.PLOT_NAME if projection_view.PLOT_NAME in doc["plots"] else None
     L += projection_view.markdown(doc["projection"], projected)
     L += ["", "## Plots", ""] + [f"![{p}]({p})" for p in doc["plots"] if p not in (breakdown, projected)]
-    L += ["", "Start-up cost is the time from process start to the end of the first step (compilation included); "
-          "wall time of n steps = start-up + (n-1) x mean step time. Steady-state figures exclude the first "
-          "`train.warmup_exclude` steps" + (" and the profiled steps (`profile.steps`)." if doc["profile"] else "."), ""]
+    L += ["", "Start-up cost is the time from process start to the end of the first step (every compile before or in "
+          "it included); wall time of n steps = start-up + (n-1) x mean step time. Steady-state figures exclude the "
+          "first `train.warmup_exclude` steps, steps during which the train step compiled"
+          + (", and the profiled steps (`profile.steps`)." if doc["profile"] else "."), ""]
     return "\n".join(L)
 
 
@@ -397,24 +311,24 @@ def _plots(run_dir: Path, rows: List[Dict[str, Any]], d: Dict[str, Any], profile
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ok = [r for r in rows if r["status"] == "ok" and r["tokens_per_s"]]
-    fws = sorted({r["framework"] for r in rows})
+    base = d["variant"] or ""
+    ok = [r for r in rows if r["status"] == "ok" and r["tokens_per_s"] and r["variant"] == base]
     out = []
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for fw in fws:
-        pts = sorted((r["devices"], r["tokens_per_s_per_device"]) for r in ok if r["framework"] == fw)
+    for name in d["contenders"]:
+        pts = sorted((r["devices"], r["tokens_per_s_per_device"]) for r in ok if r["contender"] == name)
         if pts:
-            ax.plot(*zip(*pts), marker="o", label=fw)
-            ax.plot([p[0] for p in pts], [pts[0][1]] * len(pts), ls="--", lw=1, color=ax.lines[-1].get_color(), label=f"{fw} ideal")
-    ax.set(xlabel="devices", ylabel="tokens/s per device", title="Throughput per device")
+            ax.plot(*zip(*pts), marker="o", label=name)
+            ax.plot([p[0] for p in pts], [pts[0][1]] * len(pts), ls="--", lw=1, color=ax.lines[-1].get_color(), label=f"{name} ideal")
+    ax.set(xlabel="devices", ylabel="tokens/s per device", title="Throughput per device" + (f" ({base})" if base else ""))
     ax.set_xscale("log", base=2)
     ax.legend()
     out.append(_save(fig, run_dir / "throughput.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for fw, eff in d["efficiency"].items():
-        ax.plot(list(eff), [100 * e for e in eff.values()], marker="o", label=fw)
+    for name, eff in d["efficiency"].items():
+        ax.plot(list(eff), [100 * e for e in eff.values()], marker="o", label=name)
     ax.axhline(100, ls="--", lw=1, color="gray")
     ax.set(xlabel="devices", ylabel="efficiency (%)", title=f"{d['scaling'].capitalize()}-scaling efficiency")
     ax.set_xscale("log", base=2)
@@ -425,7 +339,8 @@ def _plots(run_dir: Path, rows: List[Dict[str, Any]], d: Dict[str, Any], profile
     for r in rows:
         if r["_loss"]:
             steps, losses = zip(*r["_loss"])
-            line, = ax.plot(steps, losses, ls="-" if r["framework"] == "jax" else "--", label=r["cell"])
+            line, = ax.plot(steps, losses, ls="-" if r["framework"] == "jax" else "-." if r["torch_compile"] else "--",
+                            label=r["cell"])
             if r.get("_eval"):  # held-out loss next to the training loss, in the same colour
                 e_steps, e_losses = zip(*r["_eval"])
                 ax.plot(e_steps, e_losses, ls=":", marker="o", ms=3, color=line.get_color(), label=f"{r['cell']} held-out")
@@ -438,7 +353,10 @@ def _plots(run_dir: Path, rows: List[Dict[str, Any]], d: Dict[str, Any], profile
     comp = [r["compile_s"] or 0 for r in rows]
     ttfs = [r["time_to_first_step_s"] or 0 for r in rows]
     x = range(len(rows))
-    ax.bar([i - 0.2 for i in x], comp, width=0.4, label="compile")
+    ax.bar([i - 0.2 for i in x], comp, width=0.4, label="compile (train step)")
+    for i, r in enumerate(rows):
+        if r.get("compiles") == 0:
+            ax.annotate("none", (i - 0.2, 0), ha="center", va="bottom", fontsize=7)
     ax.bar([i + 0.2 for i in x], ttfs, width=0.4, label="time to first step")
     ax.set_xticks(list(x), names, rotation=30, ha="right", fontsize=8)
     ax.set(ylabel="seconds", title="Start-up cost per cell")

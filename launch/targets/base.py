@@ -18,13 +18,14 @@ from launch.config.schema import Config
 
 @dataclass
 class Cell:
-    """One framework x devices (x sweep.extra) combination of a run, already written to `dir`."""
+    """One contender x devices (x sweep.extra) combination of a run, already written to `dir`."""
     name: str
     framework: str
     devices: int
     extra: Dict[str, Any]
     cfg: Config  # the cell's own config as written to <dir>/config.yaml (absolute paths, run.id set)
     dir: Path
+    contender: str = ""  # the contender's name (launch.config.contenders); cfg.contender holds it too
 
 
 @dataclass

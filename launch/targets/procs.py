@@ -30,6 +30,10 @@ TAIL_LINES = 200
 PEER_LOST = re.compile(r"Connection reset by peer|Connection closed by peer|Broken pipe|Socket closed"
                        r"|NCCL.*(remote process exited|Connection closed)|heartbeat.*(timeout|failed)", re.I)
 GRACE_S = 10.0
+# DCP's checkpoint process (torchrun_fsdp.async_save) logs every save at INFO through the root logger into
+# the trainer's stderr ("[0] 2026-01-01 10:00:00,000 - root - INFO - Waiting for checkpoint save request...");
+# those lines go to the cell's log file, not to the console
+DCP_PROCESS_INFO = re.compile(r"^\[\d+\] \d{4}-\d{2}-\d{2} [\d:,]+ - root - INFO - ")
 
 
 class Terminated(BaseException):
@@ -68,7 +72,7 @@ def _pump(proc: subprocess.Popen, prefix: str, log_path: Path, tail: Deque[str],
             line = raw.decode(errors="replace").rstrip("\n")
             tail.append(line)
             out.write(line + "\n")
-            if echo:
+            if echo and not DCP_PROCESS_INFO.match(line):
                 sys.stdout.write(prefix + line + "\n")
                 sys.stdout.flush()
 
