@@ -3,10 +3,8 @@ collide and MFU against the precision that ran -- everything that can be shown w
 logic, what the trainers record on CPU, the launcher's environment and refusals, and `nvidia-smi` emulated by a
 script that prints exactly what the real one prints for the queries scaleout makes."""
 
-import json
 import os
 import stat
-import sys
 import tomllib
 from pathlib import Path
 

@@ -10,7 +10,6 @@ torch_tpu's tpu_dist (torch_tpu cannot run without chips).
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 import time

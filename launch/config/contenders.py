@@ -24,7 +24,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping
 
-from launch.config.schema import FRAMEWORKS, Config, walk
+from launch.config.schema import Config, walk
 
 _LEAVES = frozenset(k for k, _, tp in walk() if not dataclasses.is_dataclass(tp))
 

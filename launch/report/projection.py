@@ -21,15 +21,15 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from launch.config import ConfigError, resolve_parallel
+from launch.config import ConfigError, contenders, resolve_parallel
 from launch.config.schema import ModelConfig, ReportConfig
 from launch.core import collectives, interconnects
 from launch.core.projection import Fit, Point, ProjectionError, Table, fit, leave_one_out
+from launch.report import compare
 
 SEARCH_LIMIT = 1 << 17  # the efficiency-floor search stops here
-BUILTIN_ORDER = ("jax", "torch", "torch-compile")
 CELL_NAME = re.compile(r"^(?P<contender>.+?)-d(?P<devices>\d+)(?:-(?P<variant>.+))?$")
 SIMULATED = ("the devices are simulated CPU devices sharing the host's cores: compute per device is not constant as "
              "the model assumes (more devices share the same cores) and the 'bandwidth' is the speed of copies between "
@@ -37,14 +37,12 @@ SIMULATED = ("the devices are simulated CPU devices sharing the host's cores: co
 
 
 def contender_of(row: Dict[str, Any]) -> str:
-    """A cell's contender: the `contender` its row or config records (issue 26), else the framework
-    (`torch-compile` for a torch cell with torch.compile on)."""
-    cfg = row.get("_cfg") or {}
-    name = row.get("contender") or cfg.get("contender")
-    if name:
-        return str(name)
-    framework = str(row.get("framework") or cfg.get("framework"))
-    return "torch-compile" if framework == "torch" and (cfg.get("torch") or {}).get("compile") else framework
+    """A cell's contender: the one its report row names, else the one its config records
+    (`launch.config.contenders.name_of`, which also names cells written before contenders existed)."""
+    if row.get("contender"):
+        return str(row["contender"])
+    cfg = row.get("_cfg") or {"framework": row.get("framework")}
+    return contenders.name_of(cfg)
 
 
 def variant_of(row: Dict[str, Any]) -> str:
@@ -137,15 +135,16 @@ def _table(device_kind: str, network: Optional[str]) -> Table:
 
 # --------------------------------------------------------------------------- the section
 
-def section(rows: List[Dict[str, Any]], scaling: str, hw: Dict[str, Any], opts: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """What report.json keeps under `projection`; None when report.project_to is empty."""
+def section(rows: List[Dict[str, Any]], scaling: str, hw: Dict[str, Any], opts: Dict[str, Any],
+            order: Sequence[str] = ()) -> Optional[Dict[str, Any]]:
+    """What report.json keeps under `projection`, contenders in `order` (the report's; built-ins first
+    otherwise); None when report.project_to is empty."""
     if not opts["project_to"]:
         return None
     base = variant_of(rows[0]) if rows else ""
     ok = [r for r in rows if r.get("status") == "ok" and r.get("tokens_per_s") and variant_of(r) == base
           and (r.get("step_time_mean_s") or r.get("step_time_p50_s"))]
-    names = sorted({contender_of(r) for r in ok},
-                   key=lambda n: (BUILTIN_ORDER.index(n) if n in BUILTIN_ORDER else len(BUILTIN_ORDER), n))
+    names = compare.contender_order([{"contender": contender_of(r)} for r in ok], order)
     simulated = bool(hw.get("simulated_devices_share_host"))
     out: Dict[str, Any] = {"project_to": opts["project_to"], "max_error": opts["project_max_error"],
                            "efficiency_floor": opts["efficiency_floor"], "scaling": scaling, "variant": base or None,

@@ -187,7 +187,8 @@ def write(run_dir: Path, project_to: Optional[List[int]] = None) -> Dict[str, An
     derived = compare.derive(rows, scaling, horizon, order, first["variant"])
     hw = hardware(rows)
     profiled = report_profile.entries(run_dir, rows)
-    projected = report_projection.section(rows, scaling, hw, report_projection.settings(rows, project_to))
+    projected = report_projection.section(rows, scaling, hw, report_projection.settings(rows, project_to),
+                                          order)
     plots = _plots(run_dir, rows, derived, profiled, projected)
     _wandb_media(run_dir, rows, plots)
     public = [{k: r.get(k) for k in ROW_FIELDS} for r in rows]
