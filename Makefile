@@ -34,6 +34,7 @@ install: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(BIN)/scaleout sweep sweep=cpu run.name=demo
+	@echo "scaleout is installed in $(VENV), not on your PATH: 'source $(VENV)/bin/activate' before the README's other commands"
 
 test: $(VENV)/.installed-tpu-aot $(GPU_AOT_VENV)/.installed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -38,6 +38,20 @@ def setup_xla_flags(cfg) -> None:
     os.environ["XLA_FLAGS"] = " ".join(f for f in flags if f)
 
 
+def setup_platform() -> None:
+    """JAX on the CPU alone (`JAX_PLATFORMS=cpu`) for a process that sees no accelerator, unless the environment
+    names platforms already or this is a TPU worker: see launch.core.gpus.cpu_only (libtpu's errors in CPU runs)."""
+    from launch.common import envvars
+    from launch.core import gpus
+    if os.environ.get(envvars.JAX_PLATFORMS) or os.environ.get(envvars.DISTRIBUTED) == "tpu":
+        return
+    if not gpus.cpu_only(os.environ):
+        return  # an accelerator jax should find (or, for a CPU-only jaxlib, gpus.check_platform's refusal)
+    os.environ[envvars.JAX_PLATFORMS] = "cpu"
+    import jax
+    jax.config.update("jax_platforms", "cpu")  # in case jax was imported before the variable was set
+
+
 def setup_memory_fraction(cfg) -> None:
     """`model.gpu_memory_fraction` as XLA_PYTHON_CLIENT_MEM_FRACTION, before JAX starts a backend: the
     share of each GPU JAX preallocates (its own default is 0.75), the same the PyTorch trainer allows."""
@@ -102,6 +116,7 @@ def build(cfg, cell_dir):
     from launch.core import gpus
     gpus.check_driver(os.environ)  # a CUDA build this driver cannot run: one sentence, before CUDA starts
     setup_xla_flags(cfg)
+    setup_platform()
     setup_memory_fraction(cfg)
     setup_distributed(cfg)
     import jax

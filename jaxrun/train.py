@@ -145,7 +145,7 @@ class JaxEngine:
         jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[cfg.model.matmul_precision])
         self.settings = {"matmul_precision": cfg.model.matmul_precision,
                          "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
-                         "xla_flags": os.environ.get("XLA_FLAGS", "")}
+                         "xla_flags": os.environ.get("XLA_FLAGS", ""), "jax_platforms": os.environ.get("JAX_PLATFORMS", "")}
         self.process_index, self.process_count = jax.process_index(), jax.process_count()
         self.mesh = mesh_mod.make_mesh(cfg)
         self.device_kind = self.mesh.devices.flat[0].device_kind

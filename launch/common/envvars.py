@@ -31,6 +31,8 @@ COMPILE_CACHE = "SCALEOUT_COMPILE_CACHE"
 TPU_STANDIN = "SCALEOUT_TPU_STANDIN"
 # The launcher's PID: a trainer whose launcher is gone stops (no orphans).
 PARENT_PID = "SCALEOUT_PARENT_PID"
+# jax's own: "cpu" for a cell that has no accelerator (launch.core.gpus.cpu_only), so that jax never loads libtpu.
+JAX_PLATFORMS = "JAX_PLATFORMS"
 
 
 def process_index() -> int:

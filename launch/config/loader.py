@@ -56,8 +56,8 @@ CHOICES: Dict[str, Tuple[str, ...]] = {
 # Keys whose values are free-form mappings (their own keys are not checked).
 FREE_MAPPINGS = tuple(k for k, (_, tp) in _LEAVES.items() if typing.get_origin(tp) is dict)
 # Keys that do not change the math of a run: a checkpoint may be resumed across them.
-NOT_MATH = ("train.stop_after", "train.log_every", "train.warmup_exclude", "train.eval_every", "train.eval_batches",
-            "train.eval_batch_size", "model.attention_impl", "model.gpu_memory_fraction")
+NOT_MATH = ("train.stop_after", "train.stop_every", "train.log_every", "train.warmup_exclude", "train.eval_every",
+            "train.eval_batches", "train.eval_batch_size", "model.attention_impl", "model.gpu_memory_fraction")
 # One path component of safe characters (run.name, run.id); checked with re.fullmatch.
 SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+")
 # Keys sweep.extra may not vary: they say which run a cell belongs to or where it lives (issue 24.5).

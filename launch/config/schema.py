@@ -112,6 +112,8 @@ class TrainConfig:
 
     steps: int = setting(20, "optimizer steps; the LR schedule spans this many", ge=1)
     stop_after: Optional[int] = setting(None, "end cleanly after this step with a checkpoint, as if preempted", ge=1)
+    stop_every: Optional[int] = setting(None, "end cleanly at the next multiple of this many steps with a checkpoint: "
+                                        "each run of the same command trains one chunk (time-limited jobs)", ge=1)
     global_batch: int = setting(8, "sequences per optimizer step, over all devices", ge=1)
     grad_accum: int = setting(1, "micro-batches per optimizer step", ge=1)
     lr: float = setting(3e-3, "peak learning rate", gt=0)

@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Dict, List, Mapping, Optional
 
 from launch.common import envvars
@@ -291,6 +292,22 @@ def gpus_expected(env: Mapping[str, str]) -> bool:
     return bool(nvidia_smi_gpus(env))
 
 
+GPU_DEVICE_FILES = ("nvidia[0-9]*", "kfd")  # NVIDIA GPUs; AMD's compute interface
+TPU_DEVICE_FILES = ("accel[0-9]*", "vfio/[0-9]*")  # TPU chips: v4 and before; v5e and later
+
+
+def cpu_only(env: Mapping[str, str], dev: Path = Path("/dev")) -> bool:
+    """Whether a process with `env` on this host has nothing but the CPU: no TPU chips, and no GPU (none named by
+    its restriction variable when one is set, else no GPU device files). Such a process gets
+    `JAX_PLATFORMS=cpu` (envvars.JAX_PLATFORMS): jax otherwise starts every backend it finds installed, and
+    libtpu (the tpu-aot extra) prints errors about TPU hosts that do not exist into every CPU run."""
+    if any(any(dev.glob(p)) for p in TPU_DEVICE_FILES):
+        return False
+    if restricting_variable(env) is not None:
+        return not visible_gpus(env)
+    return not any(any(dev.glob(p)) for p in GPU_DEVICE_FILES)
+
+
 def _describe(env: Mapping[str, str]) -> str:
     name = restricting_variable(env)
     return f"{name}={env[name]}" if name else "nvidia-smi lists them"
@@ -332,4 +349,5 @@ __all__ = [
     "GpuBindingError", "visible_gpus", "restricting_variable", "nvidia_smi_gpus", "gpu_count", "local_rank",
     "local_gpu_index", "jax_local_device_ids", "physical_gpu", "first_gpus", "gpus_expected", "check_platform",
     "describe_selection", "driver_version", "installed_cuda", "driver_problem", "check_driver", "INSTALL_HINT",
+    "cpu_only",
 ]

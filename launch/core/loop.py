@@ -13,10 +13,11 @@ A trainer provides the framework parts (`Engine`); this module owns the schedule
 - `Profiling`: the `profile.steps` window: the framework's profiler around those steps, which are
   left out of the steady-state timing, and the `profile` record with the step-time breakdown.
 
-Besides those, `run` handles `train.stop_after`, a stop request (`launch.core.engine.Stopper`, taken
-by all processes together), the non-finite-loss stop and fault injection for tests. How a trainer
-process gets here (signals, logging, config, build) is `launch.core.engine.run_trainer`. Step numbers
-count completed optimizer steps: the record `step: 1` is the first update.
+Besides those, `run` handles `train.stop_after` and `train.stop_every` (`stop_step`), a stop request
+(`launch.core.engine.Stopper`, taken by all processes together), the non-finite-loss stop and fault
+injection for tests. How a trainer process gets here (signals, logging, config, build) is
+`launch.core.engine.run_trainer`. Step numbers count completed optimizer steps: the record `step: 1`
+is the first update.
 """
 
 from __future__ import annotations
@@ -55,6 +56,25 @@ def lr_at(step: int, t: TrainConfig) -> float:
     span = max(1, t.steps - t.warmup_steps)
     progress = min(1.0, (step - t.warmup_steps) / span)
     return t.lr * (t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def stop_step(t: TrainConfig, start: int) -> int:
+    """The step a run that starts after step `start` ends at: `train.steps`, or earlier at `train.stop_after`
+    (absolute) or at the next multiple of `train.stop_every` after `start` (one chunk per run)."""
+    stop = t.steps
+    if t.stop_after is not None:
+        stop = min(stop, t.stop_after)
+    if t.stop_every is not None:
+        stop = min(stop, (start // t.stop_every + 1) * t.stop_every)
+    return stop
+
+
+def at_stop_message(t: TrainConfig, step: int) -> str:
+    """What to say when a cell's checkpoint is already at the step this config stops at."""
+    if step >= t.steps:
+        return f"already at step {step} of train.steps={t.steps}: finished, nothing to train (a new run.name starts afresh)"
+    return (f"already at step {step} of {t.steps}, where train.stop_after={t.stop_after} stops it: nothing to train; "
+            f"raise train.stop_after, or use train.stop_every=N to train N more steps per run")
 
 
 class NonFiniteLoss(RuntimeError):
@@ -509,11 +529,13 @@ def run(engine: Engine, cfg: Config, cell_dir: Path, *, process_start: float, st
         compiles.take(engine, "setup", start)
         summary["resumed_from_step"] = start if start else None
         summary["steps"] = start
-        stop = t.stop_after or t.steps
-        if main:
+        stop = stop_step(t, start)
+        if main and start >= stop:
+            log.info(f"{engine.framework}: {at_stop_message(t, start)}")
+        elif main:
             log.info(f"{engine.framework}: {cfg.devices} device(s) ({engine.device_kind}), "
                      f"{engine.process_count} process(es), steps {start + 1}..{stop}" +
-                     (f", resumed from step {start}" if start else ""))
+                     (f" of {t.steps}" if stop < t.steps else "") + (f", resumed from step {start}" if start else ""))
         if stop_requested(engine, stopper):  # a signal during start-up: nothing new to save
             summary["stopped_by"] = stopper.requested or "peer"
             stop = start

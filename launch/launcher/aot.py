@@ -265,6 +265,8 @@ def estimate(cfgs: Sequence[Config], names: Optional[Sequence[str]] = None) -> L
             out[i] = _run("torchrun_fsdp.memory", [paths[i]], {}, f"cell {names[i]}")[0]
             if cfgs[i].plan.device and not cfgs[i].plan.device.lower().startswith("tpu"):
                 out[i].setdefault("notes", []).append(TORCH_GPU_NOTE)
+            if not out[i].get("flops"):  # no compiler to count them: the formula's figure alone
+                out[i]["flops"] = formula_flops(cfgs[i])
     for i, (c, r) in enumerate(zip(cfgs, out)):
         assert r is not None
         r["cell"] = names[i]
@@ -283,6 +285,13 @@ def estimate(cfgs: Sequence[Config], names: Optional[Sequence[str]] = None) -> L
 TORCH_GPU_NOTE = ("PyTorch's estimate is traced on this machine's CPU (a CPU build of torch cannot trace FSDP2 on "
                   "CUDA devices): tensor memory only, without the CUDA context, allocator slack or NCCL buffers; "
                   "the JAX figure for the same GPU is XLA:GPU's own")
+
+
+def formula_flops(cfg: Config) -> Dict[str, Any]:
+    """`launch.core.flops`' FLOPs of one step per device, for a cell whose framework reports no count of its own."""
+    tokens = cfg.train.global_batch * cfg.model.seq_len
+    return {"xla_per_device": None, "formula_per_device": flops.flops_per_token(cfg.model) * tokens / cfg.devices,
+            "tokens_per_step": tokens, "ratio": None}
 
 
 # --------------------------------------------------------------------------- the fit check
@@ -340,15 +349,21 @@ def format_text(results: Sequence[Dict[str, Any]]) -> str:
         else:
             parts = ", ".join(f"{k} {_gib(v)}" for k, v in (r.get("breakdown") or {}).items() if v)
             lines.append(f"per rank peak: {_gib(mem.get('total'))} ({r['method']}){': ' + parts if parts else ''}")
+            lines.append("compile: none ahead of time (PyTorch runs eagerly; with torch.compile=true the blocks compile "
+                         "during the first step, which the run records as compile_s)")
         verdict = {True: "fits", False: "DOES NOT FIT", None: "no verdict"}[r["fits"]]
         lines.append(f"limit: {_gib(r['limit_bytes']) if r['limit_bytes'] else '?'} per device ({r['limit_source']}) -> {verdict}")
         f = r.get("flops")
         if f:
             xla = f.get("xla_per_device")
             ratio = f"{f['ratio']:.3f}" if f.get("ratio") is not None else "?"
-            lines.append(f"flops/step per device: XLA {xla:,.0f} vs formula {f['formula_per_device']:,.0f} "
-                         f"(6*N + 12*L*T*d per token x {f['tokens_per_step']:,} tokens / {r['devices']}) -> ratio {ratio}"
-                         if xla is not None else "flops: not reported by the compiler")
+            formula = (f"formula {f['formula_per_device']:,.0f} (6*N + 12*L*T*d per token x {f['tokens_per_step']:,} "
+                       f"tokens / {r['devices']})")
+            if xla is not None:
+                lines.append(f"flops/step per device: XLA {xla:,.0f} vs {formula} -> ratio {ratio}")
+            else:
+                lines.append(f"flops/step per device: {formula}; " + ("PyTorch has no compiler count to compare"
+                             if r["framework"] == "torch" else "the compiler reported none"))
         for note in r.get("notes", []):
             lines.append(f"note: {note}")
         if r["fits"] is False:

@@ -118,7 +118,9 @@ def _cells(args: argparse.Namespace, run_dir: Path) -> List[str]:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from launch.launcher import status
-    for s in status.cell_states(_run_dir(args)):
+    states = status.cell_states(_run_dir(args))
+    print(status.header())
+    for s in states:
         print(status.format_state(s))
     return 0
 
@@ -260,7 +262,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--project", metavar="N,N,...",
                    help="also project every contender to these device counts (replaces report.project_to)")
     p.set_defaults(func=cmd_report)
-    p = sub.add_parser("status", help="one line per cell: job id, state, step reached, last loss")
+    p = sub.add_parser("status", help="one line per cell under a header: job id, the scheduler's job state, scaleout's "
+                                      "status, step reached, last loss",
+                       description="One line per cell. job: the SLURM job id or the TPU trainers' job ('-': a local "
+                                   "cell, which runs in the foreground); job state: what the scheduler says (SLURM's "
+                                   "state, or the TPU trainers'); status: scaleout's verdict from the metrics and the "
+                                   "job (ok, running, pending, failed, stopped, timed out, cancelled, not run, "
+                                   "unknown); step reached of train.steps; the loss at the last step record. A failed "
+                                   "cell's error follows its line.")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("logs", help="a cell's stdout/stderr (all tasks, across requeues)")
@@ -268,7 +277,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("cell", nargs="?", metavar="CELL")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
     p.set_defaults(func=cmd_logs)
-    p = sub.add_parser("cancel", help="scancel a run's SLURM jobs (or one cell's)")
+    p = sub.add_parser("cancel", help="stop a run's (or one cell's) live SLURM jobs (scancel) or detached TPU trainers "
+                                      "(stopped, collected, slice deleted)")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     p.add_argument("cell", nargs="?", metavar="CELL")
     p.set_defaults(func=cmd_cancel)

@@ -14,7 +14,7 @@ from typing import Any, Dict, List
 from omegaconf import OmegaConf
 
 from launch import config as config_mod, targets
-from launch.config import contenders
+from launch.config import ConfigError, contenders
 from launch.config.schema import Config
 from launch.core import engine, flops, sharding
 from launch.core.params import LAYERS, count_params, param_table
@@ -73,8 +73,21 @@ def describe(cfg: Config) -> Dict[str, Any]:
         "cell": cell.name,
         "run_dir": str(run.path),
         "commands": targets.get(cfg.target).plan_commands(cell.cfg, cell.dir),
+        "sweep": sweep_cells(cfg, run),
         "config": config_mod.to_dict(cfg),
     }
+
+
+def sweep_cells(cfg: Config, run: RunDir) -> Dict[str, Any]:
+    """The cells `scaleout sweep` would run with this config (plan itself describes the one cell of `framework` x
+    `devices`), or the sentence that would refuse the sweep."""
+    from launch.launcher import sweep
+    try:
+        cells = sweep.expand(cfg, run)
+    except ConfigError as e:
+        return {"cells": [], "error": str(e)}
+    return {"cells": [{"name": c.name, "framework": c.framework, "devices": c.devices,
+                       "global_batch": c.cfg.train.global_batch} for c in cells], "error": None}
 
 
 def _gib(n: int) -> str:
@@ -97,6 +110,12 @@ def format_text(p: Dict[str, Any]) -> str:
         times = f" x{r['copies']}" if r["copies"] > 1 else ""
         lines.append(f"{r['name']:38} {str(tuple(r['shape'])):>22} {split:>24} {str(tuple(r['local_shape'])) + times:>20}")
     lines += ["", f"# run dir: {p['run_dir']}  cell: {p['cell']}", "# commands"] + p["commands"]
+    sw = p["sweep"]
+    lines += ["", f"# sweep: this plan is the one cell of framework={p['framework']} devices={p['devices']} "
+              f"(train.global_batch={m['batch']['global']} as given); `scaleout sweep` with this config would run " +
+              (f"{len(sw['cells'])} cell(s): " + ", ".join(f"{c['name']} (batch {c['global_batch']})" for c in sw["cells"]) +
+               "; plan one of them with framework=F devices=N train.global_batch=B"
+               if not sw["error"] else f"nothing: {sw['error']}")]
     return "\n".join(lines)
 
 

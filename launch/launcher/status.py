@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from launch.common import files
 from launch.targets import JobInfo, get as get_target
 
+NO_JOB = "-"  # the job and job-state columns of a cell that has no job (local cells run in the foreground)
 ERROR_LINE = re.compile(r"\[scaleout\] error \(((?:process|rank|worker) \d+)\): .*")
 
 
@@ -27,7 +28,7 @@ ERROR_LINE = re.compile(r"\[scaleout\] error \(((?:process|rank|worker) \d+)\): 
 class CellState:
     cell: str
     job_id: Optional[str]
-    state: str  # the scheduler's word (RUNNING, PENDING, COMPLETED, CANCELLED, ...) or LOCAL
+    state: str  # the scheduler's word (RUNNING, PENDING, COMPLETED, CANCELLED, ...); "-" for a local cell (no job)
     status: str  # ok | running | pending | failed | stopped | timed out | cancelled | not run | unknown
     step: Optional[int]
     steps: int
@@ -70,7 +71,7 @@ def state_of(cell_dir: Path, job: Optional[JobInfo]) -> CellState:
     summary = summaries[-1] if summaries else None
     last = steps[-1] if steps else None
     total = int(cfg.train.steps)
-    st = CellState(cell_dir.name, job.job_id if job else None, job.state if job else "LOCAL", "not run",
+    st = CellState(cell_dir.name, job.job_id if job else None, job.state if job else NO_JOB, "not run",
                    last["step"] if last else None, total, last.get("loss") if last else None,
                    requeues=job.requeues if job else 0)
     done_ok = bool(summary) and summary.get("status") == "ok" and (summary.get("steps") or 0) >= total
@@ -126,11 +127,23 @@ def cell_states(run_dir: Path) -> List[CellState]:
     return states
 
 
+COLUMNS = ("cell", "job", "job state", "status", "step reached", "last loss")
+
+
+def _row(cell: str, job: str, state: str, status: str, step: str, loss: str) -> str:
+    return f"{cell:24} {job:16} {state:11} {status:10} {step:14} {loss}"
+
+
+def header() -> str:
+    """The first line of `scaleout status`: what each column is."""
+    return _row(*COLUMNS)
+
+
 def format_state(s: CellState) -> str:
     step = f"step {s.step}/{s.steps}" if s.step is not None else f"step -/{s.steps}"
     loss = f"loss {s.loss:.4f}" if isinstance(s.loss, (int, float)) else "loss -"
-    job = f"job {s.job_id}" if s.job_id else "local"
-    line = f"{s.cell:24} {job:16} {s.state:11} {s.status:10} {step:14} {loss}"
+    job = f"job {s.job_id}" if s.job_id else NO_JOB
+    line = _row(s.cell, job, s.state, s.status, step, loss)
     if s.requeues:
         line += f"  (requeued {s.requeues}x)"
     for e in s.error:

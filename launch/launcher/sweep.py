@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from launch.common import files
 from launch.config import ConfigError, contenders
 from launch.config.schema import Config
+from launch.core.loop import at_stop_message, stop_step
 from launch.launcher import gpu_preflight, inputs, rundir
 from launch.launcher.rundir import RunDir
 from launch.launcher.lock import CellLocks
@@ -115,6 +116,16 @@ def is_finished(c: Cell) -> bool:
     return bool(s) and s.get("status") == "ok" and (s.get("steps") or 0) >= c.cfg.train.steps
 
 
+def at_stop(c: Cell) -> Optional[int]:
+    """The step an unfinished cell already ended at cleanly when its config would stop it there again
+    (`train.stop_after` at or below it), else None: rerunning it would train nothing."""
+    s = files.last_summary(c.dir)
+    step = s.get("steps") if s and s.get("status") in ("ok", "stopped") else None
+    if not isinstance(step, int) or is_finished(c):
+        return None
+    return step if stop_step(c.cfg.train, step) <= step else None
+
+
 def manifest(cfg: Config, cells: Sequence[Cell]) -> Dict[str, Any]:
     """sweep.json: the contenders of a sweep and its cells, in order, with what distinguishes them."""
     return {"scaling": cfg.sweep.scaling, "target": cfg.target, "model": cfg.model.name,
@@ -127,7 +138,8 @@ def execute(cfg: Config, run: RunDir, cells: List[Cell], is_sweep: bool) -> List
     """Check, write, skip finished cells and run the rest on the target; returns the outcomes of those run."""
     estimates = check(cfg, run, cells)
     target = get_target(cfg.target)
-    todo = [c for c in cells if not is_finished(c)]
+    stopped = {c.name: step for c in cells if (step := at_stop(c)) is not None}
+    todo = [c for c in cells if not is_finished(c) and c.name not in stopped]
     # One owner per cell, on every target: from here until the cell has run (local, tpu) or its job id is in
     # jobs.json (slurm), no other launcher can check, write or start it. What was checked before the lock is
     # checked again under it: another launcher may have finished the cell or submitted a job meanwhile.
@@ -144,7 +156,9 @@ def execute(cfg: Config, run: RunDir, cells: List[Cell], is_sweep: bool) -> List
         if is_sweep:
             log.info(f"sweep of {len(cells)} cells ({cfg.sweep.scaling} scaling, target={cfg.target}) in {run.path}")
         for c in cells:
-            if c not in todo:
+            if c.name in stopped:
+                log.info(f"cell {c.name}: {at_stop_message(c.cfg.train, stopped[c.name])}")
+            elif c not in todo:
                 log.info(f"cell {c.name}: finished earlier, skipped")
             elif not is_sweep:
                 log.info(f"cell {c.name}: {c.dir}")
@@ -187,6 +201,10 @@ def run_sweep(cfg: Config) -> int:
     out = report.write(run.path)
     log.info(f"report: {out['md']}")
     log.info(f"plots:  {', '.join(str(p) for p in out['plots'])}")
+    first, then = report.READ_FIRST
+    log.info(f"read first: {out['md']}, its sections '{first}' (which contender finishes a "
+             f"report.horizon_steps run first, with and without torch.compile) then '{then}' (throughput ratios, when "
+             f"the slower start pays back); the Cells table has every figure")
     failed = [o.cell for o in outcomes if o.state == "failed"]
     if failed:
         log.info(f"{len(failed)} cell(s) failed: {', '.join(failed)} (see the report and `scaleout logs {run.path} CELL`)")

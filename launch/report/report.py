@@ -47,6 +47,8 @@ class ReportError(Exception):
 
 FINISHED_RE = re.compile(r"\[scaleout\] (ok|stopped): (\d+) steps")
 ERROR_RE = re.compile(r"\[scaleout\].* error|Error\b|error:")
+# The report's sections a newcomer should read first, in order (the sweep's last line names them).
+READ_FIRST = (sections.HEADLINE, sections.PAIRS)  # what a sweep says to read first
 
 
 def _log_lines(cell_dir: Path) -> List[str]:
@@ -163,6 +165,8 @@ def hardware(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     if simulated:
         hw["warning"] = (f"devices are simulated CPU devices sharing {', '.join(map(str, cores))} host core(s): "
                          "this is a functional dry run of the launcher, not a measurement of hardware scaling")
+        hw["plot_warning"] = (f"Simulated CPU devices sharing {', '.join(map(str, cores))} core(s): "
+                              "a functional dry run, not a hardware measurement")
     return hw
 
 
@@ -189,7 +193,7 @@ def write(run_dir: Path, project_to: Optional[List[int]] = None) -> Dict[str, An
     profiled = report_profile.entries(run_dir, rows)
     projected = report_projection.section(rows, scaling, hw, report_projection.settings(rows, project_to),
                                           order)
-    plots = _plots(run_dir, rows, derived, profiled, projected)
+    plots = _plots(run_dir, rows, derived, profiled, projected, hw.get("plot_warning"))
     _wandb_media(run_dir, rows, plots)
     public = [{k: r.get(k) for k in ROW_FIELDS} for r in rows]
     doc = {"run_dir": str(run_dir), "model": rows[0]["_cfg"]["model"]["name"], "hardware": hw,
@@ -307,11 +311,15 @@ def _markdown(doc: Dict[str, Any], rows: List[Dict[str, Any]]) -> str:
 
 
 def _plots(run_dir: Path, rows: List[Dict[str, Any]], d: Dict[str, Any], profiled: List[Dict[str, Any]],
-           projected: Optional[Dict[str, Any]] = None) -> List[Path]:
+           projected: Optional[Dict[str, Any]] = None, warning: Optional[str] = None) -> List[Path]:
+    """The PNG plots; `warning` (the simulated-devices one) is printed across the foot of every plot."""
+    import functools
+
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    save = functools.partial(_save_plot, warning=warning)
     base = d["variant"] or ""
     ok = [r for r in rows if r["status"] == "ok" and r["tokens_per_s"] and r["variant"] == base]
     out = []
@@ -325,7 +333,7 @@ def _plots(run_dir: Path, rows: List[Dict[str, Any]], d: Dict[str, Any], profile
     ax.set(xlabel="devices", ylabel="tokens/s per device", title="Throughput per device" + (f" ({base})" if base else ""))
     ax.set_xscale("log", base=2)
     ax.legend()
-    out.append(_save(fig, run_dir / "throughput.png"))
+    out.append(save(fig, run_dir / "throughput.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, eff in d["efficiency"].items():
@@ -334,7 +342,7 @@ def _plots(run_dir: Path, rows: List[Dict[str, Any]], d: Dict[str, Any], profile
     ax.set(xlabel="devices", ylabel="efficiency (%)", title=f"{d['scaling'].capitalize()}-scaling efficiency")
     ax.set_xscale("log", base=2)
     ax.legend()
-    out.append(_save(fig, run_dir / "efficiency.png"))
+    out.append(save(fig, run_dir / "efficiency.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in rows:
@@ -347,7 +355,7 @@ def _plots(run_dir: Path, rows: List[Dict[str, Any]], d: Dict[str, Any], profile
                 ax.plot(e_steps, e_losses, ls=":", marker="o", ms=3, color=line.get_color(), label=f"{r['cell']} held-out")
     ax.set(xlabel="step", ylabel="loss", title="Loss curves (same data, same init; dotted: held-out)")
     ax.legend(fontsize=7)
-    out.append(_save(fig, run_dir / "loss.png"))
+    out.append(save(fig, run_dir / "loss.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4))
     names = [r["cell"] for r in rows]
@@ -362,18 +370,25 @@ def _plots(run_dir: Path, rows: List[Dict[str, Any]], d: Dict[str, Any], profile
     ax.set_xticks(list(x), names, rotation=30, ha="right", fontsize=8)
     ax.set(ylabel="seconds", title="Start-up cost per cell")
     ax.legend()
-    out.append(_save(fig, run_dir / "startup.png"))
+    out.append(save(fig, run_dir / "startup.png"))
 
     if profiled:
-        out.append(report_profile.plot(run_dir, profiled, _save))
+        out.append(report_profile.plot(run_dir, profiled, save))
     if projected and projected["contenders"]:
-        out.append(projection_view.plot(run_dir, projected, _save))
+        out.append(projection_view.plot(run_dir, projected, save))
     return out
 
 
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+WARNING_COLOUR = "#b00020"
+
+
+def _save_plot(fig, path: Path, warning: Optional[str] = None) -> Path:
+    if warning:  # on the image itself: a plot travels without the report's warning
+        fig.tight_layout(rect=(0, 0.07, 1, 1))
+        fig.text(0.5, 0.015, warning, ha="center", va="bottom", fontsize=7, color=WARNING_COLOUR, weight="bold")
+    else:
+        fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Description": warning} if warning else None)
     import matplotlib.pyplot as plt
     plt.close(fig)
     return path

@@ -9,6 +9,10 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 
+HEADLINE = "Headline"
+PAIRS = "Contenders compared"
+
+
 def fmt(v: Any, kind: str = "") -> str:
     if v is None:
         return "-"
@@ -38,7 +42,7 @@ def _minutes(s: float) -> str:
 
 def headline(doc: Dict[str, Any]) -> List[str]:
     d = doc["derived"]
-    L = ["## Headline", ""]
+    L = [f"## {HEADLINE}", ""]
     if not d["headline"]:
         return L + ["No device count has finished cells of two contenders.", ""]
     n = d["horizon_steps"]
@@ -59,7 +63,7 @@ def headline(doc: Dict[str, Any]) -> List[str]:
 
 def pairs(doc: Dict[str, Any]) -> List[str]:
     d = doc["derived"]
-    L = ["## Contenders compared", "",
+    L = [f"## {PAIRS}", "",
          "Every pair of contenders at each device count: throughput ratio (first / second), start-up (time to first "
          "step; compile in brackets, `none` for a contender that compiles nothing), break-even, wall time of a "
          f"{d['horizon_steps']:,}-step run, and how far their losses differ on the same rows.", ""]

@@ -65,6 +65,8 @@ def build(cfg: Config, cell_dir: Path, port: Optional[int] = None) -> LocalReque
     n = cfg.local.processes
     argv = [sys.executable, "-m", TRAINER_MODULES["jax"], "--config", config_path]
     env = {**base_env, "XLA_FLAGS": f"--xla_force_host_platform_device_count={cfg.devices // n}"}
+    if not os.environ.get(envvars.JAX_PLATFORMS) and gpus.cpu_only(os.environ):
+        env[envvars.JAX_PLATFORMS] = "cpu"  # no accelerator here: jax must not load libtpu (launch.core.gpus.cpu_only)
     if n == 1:
         return LocalRequest(cell_dir, [procs.Spec("jax", argv, env)])
     port = port or free_port()

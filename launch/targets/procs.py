@@ -34,6 +34,11 @@ GRACE_S = 10.0
 # the trainer's stderr ("[0] 2026-01-01 10:00:00,000 - root - INFO - Waiting for checkpoint save request...");
 # those lines go to the cell's log file, not to the console
 DCP_PROCESS_INFO = re.compile(r"^\[\d+\] \d{4}-\d{2}-\d{2} [\d:,]+ - root - INFO - ")
+# What the processes' native libraries print that says nothing is wrong: gloo's connection notice, glog/absl INFO
+# lines (`I1201 09:00:00.000000 ...`) and their "logging before init" banners. With `-q` (the launcher's logging
+# above INFO) these stay in the log files and off the console.
+CHATTER = re.compile(r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks|I\d{4} \d\d:\d\d:\d\d\.\d+ "
+                     r"|WARNING: All log messages before absl::InitializeLog\(\)|WARNING: Logging before InitGoogle\(\)")
 
 
 class Terminated(BaseException):
@@ -66,13 +71,18 @@ class Result:
     tail: List[str] = field(default_factory=list)
 
 
-def _pump(proc: subprocess.Popen, prefix: str, log_path: Path, tail: Deque[str], echo: bool) -> None:
+def quiet() -> bool:
+    """Whether the launcher runs with `-q`: then CHATTER is not echoed."""
+    return not log.isEnabledFor(logging.INFO)
+
+
+def _pump(proc: subprocess.Popen, prefix: str, log_path: Path, tail: Deque[str], echo: bool, hush: bool) -> None:
     with open(log_path, "a", buffering=1) as out:
         for raw in iter(proc.stdout.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
             tail.append(line)
             out.write(line + "\n")
-            if echo and not DCP_PROCESS_INFO.match(line):
+            if echo and not DCP_PROCESS_INFO.match(line) and not (hush and CHATTER.match(line)):
                 sys.stdout.write(prefix + line + "\n")
                 sys.stdout.flush()
 
@@ -104,6 +114,7 @@ def stop_all(procs: List[subprocess.Popen], grace_s: float = GRACE_S) -> None:
 def run_group(specs: List[Spec], log_dir: Path, echo: bool = True,
               on_failure: Optional[Callable[[], None]] = None, env: Optional[Dict[str, str]] = None) -> Result:
     log_dir.mkdir(parents=True, exist_ok=True)
+    hush = quiet()
     running = []
     ended: Dict[int, float] = {}
     try:
@@ -111,7 +122,7 @@ def run_group(specs: List[Spec], log_dir: Path, echo: bool = True,
             proc = subprocess.Popen(spec.argv, env={**os.environ, **(env or {}), **spec.env}, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, start_new_session=True)
             tail: Deque[str] = deque(maxlen=TAIL_LINES)
-            t = threading.Thread(target=_pump, args=(proc, spec.prefix, log_dir / f"{spec.name}.log", tail, echo), daemon=True)
+            t = threading.Thread(target=_pump, args=(proc, spec.prefix, log_dir / f"{spec.name}.log", tail, echo, hush), daemon=True)
             t.start()
             threading.Thread(target=lambda p=proc: (p.wait(), ended.setdefault(p.pid, time.monotonic())), daemon=True).start()
             running.append((spec, proc, t, tail))

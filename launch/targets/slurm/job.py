@@ -22,6 +22,7 @@ than slurm.max_requeues time limits). `scaleout status` reads that JSON, never s
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import signal
 import subprocess
@@ -31,10 +32,30 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from launch.common import envvars, files
+from launch.core import gpus
 from launch.targets.slurm import submitit_api
 
+log = logging.getLogger(__name__)
 TRAINER_MODULES = {"jax": "jaxrun", "torch": "torchrun_fsdp"}
 SAVE_MARGIN_S = 10.0  # what checkpoint() leaves of the signal delay for submitit to requeue
+
+
+def link_logs(cell_dir: Path) -> None:
+    """Link this task's submitit output files (RUN/slurm/<job>/<job>_<task>_log.out/.err) into CELL/logs/ as
+    slurm-<job>-task<task>.out/.err, so that a SLURM cell has its logs where every cell has them. Never fails the task."""
+    import submitit
+    try:
+        job = submitit.JobEnvironment()
+        logs = cell_dir / files.LOGS_DIR
+        logs.mkdir(parents=True, exist_ok=True)
+        for kind, target in (("out", job.paths.stdout), ("err", job.paths.stderr)):
+            link = logs / f"slurm-{job.job_id}-task{job.global_rank}.{kind}"
+            tmp = link.with_name(f".{link.name}.{os.getpid()}")
+            tmp.unlink(missing_ok=True)
+            os.symlink(os.path.relpath(target, logs), tmp)
+            os.replace(tmp, link)  # a requeued task (same job id) replaces its own link
+    except (OSError, RuntimeError, KeyError) as e:
+        log.warning(f"could not link this task's SLURM logs into {cell_dir / files.LOGS_DIR}: {e}")
 
 
 class TrainerFailed(RuntimeError):
@@ -72,9 +93,12 @@ class CellJob:
             # one task per device: on a CPU node each task is one JAX CPU device
             flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
             env["XLA_FLAGS"] = " ".join(flags + ["--xla_force_host_platform_device_count=1"])
+            if not env.get(envvars.JAX_PLATFORMS) and gpus.cpu_only(env):
+                env[envvars.JAX_PLATFORMS] = "cpu"  # jax must not load libtpu on a CPU node (launch.core.gpus.cpu_only)
         return env
 
     def __call__(self) -> Dict[str, Any]:
+        link_logs(Path(self.cell_dir))
         try:
             result = self._run()
         except SystemExit:  # submitit requeued the job (task 0, after checkpoint()) and exits this task

@@ -52,6 +52,22 @@ STATE_MARK = "scaleout-job:"  # one stdout line per worker of a probe command
 STOP_GRACE_S = 10  # SIGTERM, then SIGKILL after this long (a trainer stops after its current step)
 START_WAIT_S = 60  # how long a follower waits for a trainer's pid file
 
+MAX_ERROR_CHARS = 1200  # a gcloud error message longer than this is cut (from the end)
+
+
+def gcloud_error(stderr: str, stdout: str = "", returncode: int = 1) -> str:
+    """What a failed gcloud command said, in one line: its last `ERROR: (gcloud...) ...` message with every line
+    that follows it (gcloud's message goes on after the first line: "Please run: $ gcloud auth login ..."), else
+    the output's last line, else the exit code."""
+    lines = [line.strip() for line in (stderr or "").splitlines()]
+    starts = [i for i, line in enumerate(lines) if line.startswith("ERROR:")]
+    if starts:
+        text = " ".join(line for line in lines[starts[-1]:] if line)
+    else:
+        text = ((stderr or "").strip() or (stdout or "").strip() or f"exit code {returncode}").splitlines()[-1].strip()
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS - 3] + "..."
+
+
 CAPACITY_FLAGS = {"on-demand": [], "spot": ["--spot"], "reserved": ["--reserved"], "best-effort": ["--best-effort"]}
 ALPHA_CAPACITY = {"best-effort"}  # `--best-effort` exists only in `gcloud alpha compute tpus queued-resources create`
 # `tpu-vm ssh` / `scp` flags that GA lacks ("IAP and Batching are not available for GA" in gcloud's source):

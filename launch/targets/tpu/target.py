@@ -54,7 +54,7 @@ from launch.core import profile, wandb_run
 from launch.targets import procs, shell
 from launch.targets.base import Cell, ForegroundTarget, JobInfo, Outcome, exit_code
 from launch.targets.errors import SubmitError
-from launch.targets.tpu.commands import STATE_MARK, Commands, build_archive
+from launch.targets.tpu.commands import STATE_MARK, Commands, build_archive, gcloud_error
 from launch.targets.tpu.shapes import Slice, check_runtime_and_zone, runtime_version, slice_of, zone
 
 log = logging.getLogger(__name__)
@@ -203,8 +203,7 @@ def _run(argv: List[str], what: str, timeout: Optional[float] = None) -> str:
         own = [line.split("[scaleout] error: ", 1)[1] for line in lines if "[scaleout] error: " in line]
         if own:
             raise SubmitError(own[-1])
-        last = (p.stderr.strip() or p.stdout.strip() or f"exit code {p.returncode}").splitlines()[-1]
-        raise SubmitError(f"{what} failed: {last}")
+        raise SubmitError(f"{what} failed: {gcloud_error(p.stderr, p.stdout, p.returncode)}")
     return p.stdout
 
 
@@ -252,7 +251,7 @@ def delete_queued(c: Commands, cfg: Config) -> bool:
             if "NOT_FOUND" in p.stderr:
                 log.info(f"queued resource {c.node} is already gone")
                 return True
-            err = (p.stderr.strip() or p.stdout.strip() or f"exit code {p.returncode}").splitlines()[-1]
+            err = gcloud_error(p.stderr, p.stdout, p.returncode)
         except subprocess.TimeoutExpired:
             err = "timed out after 600 s"
         if attempt < DELETE_ATTEMPTS:
@@ -351,7 +350,7 @@ def collect_logs(c: Commands, rec: Record, cell_dir: Path) -> None:
             p = subprocess.run(c.copy_back(remote, str(tmp), worker=i), capture_output=True, text=True, timeout=600,
                                stdin=subprocess.DEVNULL)
             if p.returncode or not tmp.is_file():
-                log.warning(f"could not copy worker {i}'s log back: {(p.stderr or '').strip()[-300:]}")
+                log.warning(f"could not copy worker {i}'s log back: {gcloud_error(p.stderr, p.stdout, p.returncode)}")
                 continue
             local = _local_log(cell_dir, i)
             old = local.read_bytes() if local.is_file() else b""
@@ -381,7 +380,7 @@ def copy_metrics_back(c: Commands, cell_dir: Path) -> None:
             out.writelines(line + "\n" for line in new)
         tmp.unlink()
     else:
-        log.warning(f"could not copy metrics.jsonl back from worker 0: {(p.stderr or '').strip()[-300:]}")
+        log.warning(f"could not copy metrics.jsonl back from worker 0: {gcloud_error(p.stderr, p.stdout, p.returncode)}")
 
 
 def profile_workers(cfg: Config, workers: int) -> List[int]:
@@ -401,7 +400,7 @@ def copy_profile_back(c: Commands, cfg: Config, cell_dir: Path, workers: int) ->
             log.warning(f"copying worker {i}'s profile back took over 30 minutes; skipped (it stays on the worker)")
             continue
         if p.returncode:
-            log.warning(f"could not copy worker {i}'s profile back: {(p.stderr or '').strip()[-300:]}")
+            log.warning(f"could not copy worker {i}'s profile back: {gcloud_error(p.stderr, p.stdout, p.returncode)}")
 
 
 def copy_wandb_back(c: Commands, cfg: Config, cell_dir: Path) -> None:
