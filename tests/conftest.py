@@ -6,6 +6,11 @@ import time
 from pathlib import Path
 
 import pytest
+# submitit configures logging when it is first imported (logging.config.dictConfig), which closes every handler that
+# exists then: absl's among them, whose stream is the sys.stderr of the moment jax first imported absl -- a test's
+# captured stream, which pytest then finds closed ("I/O operation on closed file" at teardown, then "lost
+# sys.stderr"). Imported here, before any test, it closes nothing of theirs.
+import submitit  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 # In-process JAX tests see 4 simulated CPU devices (must be set before jax is imported).
