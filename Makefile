@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` (the SLURM tests share one: tests/conftest.py); PYTEST_WORKERS=0 runs in one process
+PYTEST_WORKERS ?= 2
 # Holistic Trace Analysis, xprof's converter and torch-tb-profiler, which tests/test_profile_tools.py opens traces
 # with: without their declared dependencies (HTA's jupyterlab; xprof's GCS client and web server), whose runtime
 # ones the test extra has
@@ -30,14 +32,26 @@ $(GPU_AOT_VENV)/.installed: $(VENV)/.installed-tpu-aot
 	$(GPU_AOT_VENV)/bin/python -m pip install -q -c constraints.txt -e '.[gpu-aot]'
 	touch $@
 
+# llama.cpp's converter (convert_hf_to_gguf.py, its conversion/ package and gguf-py), which tests/test_gguf.py runs on
+# an export: taken from the pinned llama-cpp-python sdist on PyPI (77 MB download, 2 MB kept), Python only, nothing built
+LLAMA_CPP_PYTHON ?= 0.3.36
+LLAMA_CPP ?= .cache/llama.cpp-$(LLAMA_CPP_PYTHON)
+$(LLAMA_CPP)/convert_hf_to_gguf.py: | $(VENV)/.installed
+	rm -rf $(LLAMA_CPP).tmp && mkdir -p $(LLAMA_CPP).tmp
+	$(BIN)/python -m pip download -q --no-deps --no-binary :all: llama-cpp-python==$(LLAMA_CPP_PYTHON) -d $(LLAMA_CPP).tmp
+	tar xzf $(LLAMA_CPP).tmp/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(LLAMA_CPP).tmp --strip-components=3 \
+	    --wildcards '*/vendor/llama.cpp/convert_hf_to_gguf.py' '*/vendor/llama.cpp/conversion/*' '*/vendor/llama.cpp/gguf-py/*'
+	rm $(LLAMA_CPP).tmp/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz
+	rm -rf $(LLAMA_CPP) && mv $(LLAMA_CPP).tmp $(LLAMA_CPP)
+
 install: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(BIN)/scaleout sweep sweep=cpu run.name=demo
 	@echo "scaleout is installed in $(VENV), not on your PATH: 'source $(VENV)/bin/activate' before the README's other commands"
 
-test: $(VENV)/.installed-tpu-aot $(GPU_AOT_VENV)/.installed
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+test: $(VENV)/.installed-tpu-aot $(GPU_AOT_VENV)/.installed $(LLAMA_CPP)/convert_hf_to_gguf.py
+	SCALEOUT_LLAMA_CPP=$(abspath $(LLAMA_CPP)) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 	SCALEOUT_GPU_AOT_TESTS=1 $(GPU_AOT_VENV)/bin/python -m pytest -m gpu_aot tests/test_aot.py
 
 .PHONY: install demo test

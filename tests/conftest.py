@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 # submitit configures logging when it is first imported (logging.config.dictConfig), which closes every handler that
 # exists then: absl's among them, whose stream is the sys.stderr of the moment jax first imported absl -- a test's
 # captured stream, which pytest then finds closed ("I/O operation on closed file" at teardown, then "lost
@@ -15,6 +16,18 @@ import submitit  # noqa: F401
 ROOT = Path(__file__).resolve().parents[1]
 # In-process JAX tests see 4 simulated CPU devices (must be set before jax is imported).
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+
+
+# `make test` runs the suite on pytest-xdist workers (--dist loadgroup). The tests of these modules submit to the one
+# SLURM cluster of scripts/slurm-local.sh (or start a private one): they share one worker, in file order, so they
+# never queue behind each other's jobs; everything else spreads over the other workers.
+SLURM_MODULES = {"test_slurm", "test_slurm_multinode", "test_cluster", "test_projection_slurm"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.stem in SLURM_MODULES:
+            item.add_marker(pytest.mark.xdist_group("slurm"))
 
 
 def in_ci() -> bool:

@@ -202,9 +202,17 @@ def test_cpu_peak_is_measured_by_process_0_and_shared():
 
 def test_threads_per_process():
     import os
+    mine = len(os.sched_getaffinity(0))
     assert engine.threads_per_process(_cfg("local.threads=3"), 8) == 3
-    assert engine.threads_per_process(_cfg(), 1) == max(1, os.cpu_count() or 1)
-    assert engine.threads_per_process(_cfg(), 10 ** 6) == 1
+    assert engine.threads_per_process(_cfg(), 1, env={}) == mine  # this process's affinity, not the host's count
+    assert engine.threads_per_process(_cfg(), 10 ** 6, env={}) == 1
+    # a SLURM task has its SLURM_CPUS_PER_TASK cores to itself: on a 2-node job, torch-d1 and every rank alike
+    slurm = {"SLURM_CPUS_PER_TASK": "6", "LOCAL_WORLD_SIZE": "4"}
+    assert engine.threads_per_process(_cfg(), engine.sharing_processes(8, slurm), env=slurm) == 6
+    # torchrun's ranks on one host share its cores: per host (LOCAL_WORLD_SIZE), not the world size
+    host = {"LOCAL_WORLD_SIZE": "2"}
+    assert engine.sharing_processes(8, host) == 2 and engine.sharing_processes(8, {}) == 8
+    assert engine.threads_per_process(_cfg(), engine.sharing_processes(8, host), env=host) == max(1, mine // 2)
 
 
 def test_stacked_names():

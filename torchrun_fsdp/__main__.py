@@ -24,7 +24,7 @@ def setup_distributed(cfg) -> None:
     import torch
     import torch.distributed as dist
 
-    from launch.core.engine import threads_per_process
+    from launch.core.engine import sharing_processes, threads_per_process
 
     from torchrun_fsdp import tpu
 
@@ -36,7 +36,7 @@ def setup_distributed(cfg) -> None:
         backend = placement.backend if placement else "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend)
     if not torch.cuda.is_available() and (placement is None or placement.standin):
-        torch.set_num_threads(threads_per_process(cfg, dist.get_world_size()))
+        torch.set_num_threads(threads_per_process(cfg, sharing_processes(dist.get_world_size())))
     if dist.get_world_size() != cfg.devices:
         raise RuntimeError(f"devices={cfg.devices} but {dist.get_world_size()} ranks were started")
 

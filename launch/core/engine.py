@@ -37,7 +37,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Mapping, Optional, Sequence, Tuple
 
 from launch.common import envvars
 
@@ -225,11 +225,35 @@ def read_cell(prog: str, argv=None) -> Tuple["Config", Path]:
     return config_mod.load_resolved(args.config), Path(args.config).resolve().parent
 
 
-def threads_per_process(cfg: "Config", processes: int) -> int:
-    """Intra-op CPU threads for each of `processes` trainer processes on one host."""
+def usable_cores(env: Optional[Mapping[str, str]] = None) -> int:
+    """The cores this process may run on: a SLURM task's allocation (SLURM_CPUS_PER_TASK), else its CPU affinity
+    (a cgroup or taskset limit), else the host's count."""
+    env = os.environ if env is None else env
+    given = env.get("SLURM_CPUS_PER_TASK", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def sharing_processes(world: int, env: Optional[Mapping[str, str]] = None) -> int:
+    """How many trainer processes share this one's cores: 1 in a SLURM task with cores of its own
+    (SLURM_CPUS_PER_TASK), else the ranks torchrun started on this host (LOCAL_WORLD_SIZE), else `world`."""
+    env = os.environ if env is None else env
+    if env.get("SLURM_CPUS_PER_TASK", "").isdigit():
+        return 1
+    local = env.get("LOCAL_WORLD_SIZE", "")
+    return int(local) if local.isdigit() and int(local) > 0 else max(1, world)
+
+
+def threads_per_process(cfg: "Config", processes: int, env: Optional[Mapping[str, str]] = None) -> int:
+    """Intra-op CPU threads for each of `processes` trainer processes that share this process's cores (the
+    processes of one host, or 1 for a SLURM task, whose SLURM_CPUS_PER_TASK are its own)."""
     if cfg.local.threads > 0:
         return cfg.local.threads
-    return max(1, (os.cpu_count() or 1) // processes)
+    return max(1, usable_cores(env) // processes)
 
 
 @contextlib.contextmanager
