@@ -18,15 +18,16 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
 
-# `make test` runs the suite on pytest-xdist workers (--dist loadgroup). The tests of these modules submit to the one
-# SLURM cluster of scripts/slurm-local.sh (or start a private one): they share one worker, in file order, so they
-# never queue behind each other's jobs; everything else spreads over the other workers.
+# `make test` runs the suite on pytest-xdist workers (--dist loadgroup). The tests of these modules, and any test that
+# asks for one of these clusters, submit to the one SLURM cluster of scripts/slurm-local.sh (or start a private one):
+# they share one worker, so they never queue behind each other's jobs; everything else spreads over the others.
 SLURM_MODULES = {"test_slurm", "test_slurm_multinode", "test_cluster", "test_projection_slurm"}
+SLURM_FIXTURES = {"cluster", "gpu_partition", "gpu_cluster"}
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.path.stem in SLURM_MODULES:
+        if item.path.stem in SLURM_MODULES or SLURM_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group("slurm"))
 
 

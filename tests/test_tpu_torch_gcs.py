@@ -18,7 +18,7 @@ import urllib.request
 
 import numpy as np
 import pytest
-from conftest import ROOT, run_cli, summary
+from conftest import ROOT, run_cell, run_cli, summary
 from test_tpu import NODE, Fake, _args, _verbs, no_worker_left  # noqa: F401  (the fixture: no worker left behind)
 
 GCLOUD = ROOT / "tests" / "fake_gcloud" / "gcloud"
@@ -439,3 +439,17 @@ def test_a_step_removal_on_gs_cut_short_leaves_no_complete_looking_step(gcs, mon
         with pytest.raises(OSError):
             objstore.remove(st.step_path(1))
     assert st.complete() == [] and st.fs.exists(f"{gcs.bucket}/ck/step_1/__0_0.distcp")
+
+
+@pytest.mark.slow
+def test_torch_async_checkpoints_on_gs_go_through_the_checkpoint_process(tmp_path, gcs):
+    """checkpoint.async=true (the default) on gs://: DCP's checkpoint process receives the storage writer through a
+    pipe, so the copy-for-rename writer must pickle (a closure did not: every async save to gs:// failed)."""
+    p, recs = run_cell(tmp_path, "framework=torch", "devices=2", "train.steps=4", "checkpoint.every=2",
+                       "checkpoint.keep=2", "checkpoint.async=true", f"checkpoint.dir=gs://{gcs.bucket}/ck",
+                       env=gcs.env, timeout=900)
+    s = summary(recs)
+    assert s["status"] == "ok" and s["steps"] == 4 and s.get("checkpoint_saves") == 2, s
+    fs = gcs.fs()
+    for step in (2, 4):
+        assert fs.exists(f"{gcs.bucket}/ck/tiny/torch-d2/step_{step}/COMMIT"), fs.find(f"{gcs.bucket}/ck")

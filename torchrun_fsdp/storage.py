@@ -27,6 +27,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
+from torch.distributed.checkpoint._fsspec_filesystem import FileSystem, FsspecWriter
+
 from launch.common import files
 
 log = logging.getLogger(__name__)
@@ -37,21 +39,29 @@ STEP_RE = re.compile(r"^step_(\d+)$")
 TMP_PREFIX = ".tmp-step_"
 
 
-def no_rename_writer(path: str) -> Any:
-    """DCP's fsspec writer for object storage, whose one rename (`.metadata.tmp` -> `.metadata`) becomes a
-    copy and a delete, which is what a rename is on Cloud Storage. (torch 2.13 exports `FsspecWriter`
-    only from its `_fsspec_filesystem` module, which is what `dcp.save(checkpoint_id="gs://...")` picks.)"""
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+class CopyRename(FileSystem):
+    """DCP's fsspec adapter with rename as a copy and a delete, which is what a rename is on Cloud Storage."""
 
-    writer = FsspecWriter(path)
-    dcp_fs = writer.fs  # DCP's fsspec adapter; its .fs is the fsspec filesystem
+    def rename(self, path: Any, new_path: Any) -> None:
+        self.fs.copy(os.fspath(path), os.fspath(new_path))
+        self.fs.rm(os.fspath(path))
 
-    def rename(src: Any, dst: Any) -> None:
-        dcp_fs.fs.copy(os.fspath(src), os.fspath(dst))
-        dcp_fs.fs.rm(os.fspath(src))
 
-    dcp_fs.rename = rename
-    return writer
+class NoRenameWriter(FsspecWriter):
+    """DCP's fsspec writer, whose one rename (`.metadata.tmp` -> `.metadata`) goes through `CopyRename`.
+    A module-level class, so picklable: `checkpoint.async`'s checkpoint process receives it through a pipe."""
+
+    def __init__(self, path: str, **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        fs = CopyRename()
+        fs.fs = self.fs.fs
+        self.fs = fs
+
+
+def no_rename_writer(path: str) -> NoRenameWriter:
+    """The storage writer of a DCP save to object storage. (torch 2.13 exports `FsspecWriter` only from
+    its `_fsspec_filesystem` module, which is what `dcp.save(checkpoint_id="gs://...")` picks.)"""
+    return NoRenameWriter(path)
 
 
 class StepStore:
