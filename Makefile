@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
-# pytest-xdist workers for `make test` (the SLURM tests share one: tests/conftest.py); PYTEST_WORKERS=0 runs in one process
+# pytest-xdist workers for `make test` (the SLURM tests are one unit, on one worker: tests/conftest.py); 0: one process
 PYTEST_WORKERS ?= 2
 # Holistic Trace Analysis, xprof's converter and torch-tb-profiler, which tests/test_profile_tools.py opens traces
 # with: without their declared dependencies (HTA's jupyterlab; xprof's GCS client and web server), whose runtime
@@ -51,7 +51,7 @@ demo: $(VENV)/.installed
 	@echo "scaleout is installed in $(VENV), not on your PATH: 'source $(VENV)/bin/activate' before the README's other commands"
 
 test: $(VENV)/.installed-tpu-aot $(GPU_AOT_VENV)/.installed $(LLAMA_CPP)/convert_hf_to_gguf.py
-	SCALEOUT_LLAMA_CPP=$(abspath $(LLAMA_CPP)) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=10 $(PYTEST_ARGS)
+	SCALEOUT_LLAMA_CPP=$(abspath $(LLAMA_CPP)) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --durations=10 $(PYTEST_ARGS)
 	SCALEOUT_GPU_AOT_TESTS=1 $(GPU_AOT_VENV)/bin/python -m pytest -m gpu_aot tests/test_aot.py
 
 .PHONY: install demo test

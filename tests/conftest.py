@@ -18,17 +18,37 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
 
-# `make test` runs the suite on pytest-xdist workers (--dist loadgroup). The tests of these modules, and any test that
-# asks for one of these clusters, submit to the one SLURM cluster of scripts/slurm-local.sh (or start a private one):
-# they share one worker, so they never queue behind each other's jobs; everything else spreads over the others.
+# `make test` runs the suite on pytest-xdist workers. The tests of these modules, and the others that ask for the
+# cluster (their names say slurm), submit to the one SLURM cluster of scripts/slurm-local.sh (or start a private
+# one): they are one work unit, run by one worker in order, so they never queue behind each other's jobs; every
+# other test is a unit of its own. (xdist's own `xdist_group` mark does not group under pytest 9: it rewrites
+# `item._nodeid`, which pytest 9 no longer reads.) A test that uses a cluster fixture must match this rule:
+# `pytest_collection_modifyitems` below fails the run otherwise.
 SLURM_MODULES = {"test_slurm", "test_slurm_multinode", "test_cluster", "test_projection_slurm"}
 SLURM_FIXTURES = {"cluster", "gpu_partition", "gpu_cluster"}
 
 
+def slurm_unit(nodeid: str) -> bool:
+    path, _, name = nodeid.partition("::")
+    return Path(path).stem in SLURM_MODULES or "slurm" in name.split("[", 1)[0]
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SlurmTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "slurm" if slurm_unit(nodeid) else nodeid
+
+    return SlurmTogether(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.path.stem in SLURM_MODULES or SLURM_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+    stray = [i.nodeid for i in items if SLURM_FIXTURES & set(getattr(i, "fixturenames", ())) and not slurm_unit(i.nodeid)]
+    if stray:
+        raise pytest.UsageError(f"these tests use a SLURM cluster fixture but would not run on the SLURM worker (put "
+                                f"'slurm' in their names or their module in SLURM_MODULES): {', '.join(stray)}")
+    items.sort(key=lambda i: not slurm_unit(i.nodeid))  # the long SLURM unit first, not as a lone tail at the end
 
 
 def in_ci() -> bool:
@@ -122,6 +142,12 @@ def scaleout(tmp_path, capsys):
         return code, out.out, out.err
 
     return call
+
+
+def status_rows(stdout: str):
+    """The cell lines of `scaleout status` (its header and the indented detail lines left out)."""
+    lines = [line for line in stdout.splitlines() if line and not line.startswith(" ")]
+    return lines[1:] if lines and lines[0].split()[:2] == ["cell", "job"] else lines
 
 
 def run_cli(args, cwd, env=None, timeout=600):

@@ -92,3 +92,10 @@ def test_contender_names_of_written_cells():
     assert contenders.name_of({"framework": "jax", "contender": "jax-unrolled"}) == "jax-unrolled"
     assert contenders.flatten({"framework": "jax", "model": {"scan_layers": False}, "slurm.additional": {"a": 1}}) == {
         "framework": "jax", "model.scan_layers": False, "slurm.additional": {"a": 1}}
+
+
+def test_the_report_keeps_the_order_the_sweep_listed():
+    from launch.report import compare
+    rows = [{"contender": n} for n in ("jax", "torch-compile", "mine", "torch")]
+    assert compare.contender_order(rows, ["torch-compile", "jax"]) == ["torch-compile", "jax", "torch", "mine"]
+    assert compare.contender_order(rows) == ["jax", "torch", "torch-compile", "mine"]

@@ -130,6 +130,9 @@ def test_sigkill_during_an_async_save_resumes_from_a_committed_step(tmp_path, fr
     cell = tmp_path / "runs" / "killed" / f"{framework}-d2"
     wait_for(lambda: (cell / "metrics.jsonl").is_file() and '"step": 8' in (cell / "metrics.jsonl").read_text(),
              timeout=300, what="step 8")
+    if framework == "torch":  # the step-8 save starts once step 4's is committed (DCP's checkpoint process, one at a time)
+        wait_for(lambda: (ckpt / "step_4" / "COMMIT").is_file() and (ckpt / ".tmp-step_8").is_dir(), timeout=300,
+                 what="step 4 committed and the step-8 save begun")
     time.sleep(1.0)
     for pid, _ in processes_mentioning(str(cell / "config.yaml")):  # the trainers themselves, all at once
         os.kill(pid, signal.SIGKILL)

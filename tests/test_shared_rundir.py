@@ -10,7 +10,7 @@ import json
 import os
 import pickle
 
-from conftest import run_cli
+from conftest import run_cli, status_rows
 
 from launch import config
 from launch.common import files
@@ -52,7 +52,7 @@ def test_status_logs_and_report_never_unpickle_what_a_run_directory_holds(tmp_pa
         assert p.returncode == 0 and "Traceback" not in p.stderr, (verb, p.stdout, p.stderr)
         assert not marker.exists(), f"`scaleout {verb[0]}` ran the pickle"
     p = run_cli(["status", str(run)], cwd=tmp_path)
-    assert p.stdout.split()[:3] == ["jax-d1", "job", "999999_0"], p.stdout
+    assert status_rows(p.stdout)[0].split()[:3] == ["jax-d1", "job", "999999_0"], p.stdout
 
 
 def test_names_and_paths_read_from_a_run_directory_stay_inside_it(tmp_path):
@@ -75,8 +75,8 @@ def test_names_and_paths_read_from_a_run_directory_stay_inside_it(tmp_path):
         "torch-d1": {"job_id": "../../../victim"}}}))
     p = run_cli(["status", str(run)], cwd=tmp_path)
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
-    assert [line.split()[0] for line in p.stdout.splitlines() if not line.startswith(" ")] == ["jax-d1"], p.stdout
-    assert "job" not in p.stdout.split("jax-d1", 1)[1].split("\n")[0].split()[0:1]  # no job: its entry was refused
+    assert [line.split()[0] for line in status_rows(p.stdout)] == ["jax-d1"], p.stdout
+    assert "job" not in status_rows(p.stdout)[0].split()[1:2]  # no job: its entry was refused
     assert "ignoring the entry" in p.stderr, p.stderr
     p = run_cli(["report", str(run)], cwd=tmp_path)
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr

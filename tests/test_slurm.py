@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import in_ci, losses, run_cell, run_cli, summary
+from conftest import in_ci, losses, run_cell, run_cli, status_rows, summary
 
 from launch import config
 from launch.config import ConfigError
@@ -36,7 +36,7 @@ def _args(tmp_path, *extra):
 def _status(tmp_path, run):
     p = run_cli(["status", str(tmp_path / "runs" / run)], cwd=tmp_path)
     assert p.returncode == 0, p.stderr
-    return {line.split()[0]: line for line in p.stdout.splitlines() if not line.startswith(" ")}, p.stdout
+    return {line.split()[0]: line for line in status_rows(p.stdout)}, p.stdout
 
 
 # --------------------------------------------------------------------------- no cluster needed

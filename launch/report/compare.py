@@ -59,7 +59,9 @@ def step_time(r: Dict[str, Any]) -> float:
 def contender_order(rows: Sequence[Dict[str, Any]], listed: Sequence[str] = ()) -> List[str]:
     """The contenders of the rows: those the sweep listed first (its order), then built-ins, then the rest by name."""
     present = {r["contender"] for r in rows}
-    rank = {name: i for i, name in enumerate([*listed, *BUILTIN_ORDER])}
+    rank: Dict[str, int] = {}
+    for name in [*listed, *BUILTIN_ORDER]:
+        rank.setdefault(name, len(rank))  # the first place a name has wins (a listed built-in keeps its place)
     return sorted(present, key=lambda n: (rank.get(n, len(rank)), n))
 
 
