@@ -32,17 +32,13 @@ Keys (`fw` a contender, `shape` static or dynamic):
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 from bench.__main__ import append_history, heading, log, machine_line, median, trainer
-from bench.workloads import children_cpu_s, cpu_busy_s, others_share, wait_quiet
+from bench.workloads import children_cpu_s, cpu_busy_s, drive, others_share, wait_quiet
 
 SEQ_LENS = "[64,128,192,256]"
 BUCKETS = "[128,256]"
@@ -182,29 +178,8 @@ def main(argv: List[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.steps < 8:
         ap.error("--steps must be at least 8 (3 warm-up steps and the dynamic cells' compile steps are left out)")
-    t0 = time.time()
-    work = Path(tempfile.mkdtemp(prefix="scaleout-contenders-"))
-    load_before = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    try:
-        res = run(args.repeats, args.steps, work, args.max_others, args.retries)
-    except Exception:
-        log(f"a cell failed; its run directory is kept under {work / 'runs'}")
-        raise
-    res["load_before"], res["load_after"] = load_before, " ".join(f"{x:.1f}" for x in os.getloadavg())
-    res["seconds"] = round(time.time() - t0, 1)
-    if args.keep:
-        log(f"run directories kept under {work / 'runs'}")
-    else:
-        shutil.rmtree(work, ignore_errors=True)
-    if args.record:
-        record(res, sys.argv[1:] if argv is None else argv)
-    if args.json:
-        print(json.dumps(res, indent=2))
-    else:
-        print("\n".join(tables(res)))
-        print(f"({res['seconds']:.0f} s)")
-    return 0
-
+    return drive("scaleout-contenders-", lambda work: run(args.repeats, args.steps, work, args.max_others, args.retries),
+                 args, argv, record, tables)
 
 if __name__ == "__main__":
     sys.exit(main())

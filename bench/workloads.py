@@ -216,11 +216,18 @@ def main(argv: List[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.steps < 5:
         ap.error("--steps must be at least 5 (3 warm-up steps are left out)")
+    return drive("scaleout-workloads-", lambda work: run(args.repeats, args.steps, args.set, work, args.max_others,
+                                                       args.retries), args, argv, record, tables)
+
+
+def drive(prefix: str, go, args, argv, record_fn, tables_fn) -> int:
+    """A side-by-side benchmark's frame: a scratch directory, `go(work)` -> the result, the load before and
+    after, the result recorded (--record) and printed (--json or tables); the directory kept on a failure."""
     t0 = time.time()
-    work = Path(tempfile.mkdtemp(prefix="scaleout-workloads-"))
+    work = Path(tempfile.mkdtemp(prefix=prefix))
     load_before = " ".join(f"{x:.1f}" for x in os.getloadavg())
     try:
-        res = run(args.repeats, args.steps, args.set, work, args.max_others, args.retries)
+        res = go(work)
     except Exception:
         log(f"a cell failed; its run directory is kept under {work / 'runs'}")
         raise
@@ -231,14 +238,13 @@ def main(argv: List[str] | None = None) -> int:
     else:
         shutil.rmtree(work, ignore_errors=True)
     if args.record:
-        record(res, sys.argv[1:] if argv is None else argv)
+        record_fn(res, sys.argv[1:] if argv is None else argv)
     if args.json:
         print(json.dumps(res, indent=2))
     else:
-        print("\n".join(tables(res)))
+        print("\n".join(tables_fn(res)))
         print(f"({res['seconds']:.0f} s)")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
