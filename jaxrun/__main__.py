@@ -109,6 +109,8 @@ def setup_cache(cfg) -> None:
         jax.config.update("jax_compilation_cache_dir", cfg.jax.cache_dir)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    else:  # off means off, even where the environment names a cache (JAX_COMPILATION_CACHE_DIR)
+        jax.config.update("jax_enable_compilation_cache", False)
 
 
 def build(cfg, cell_dir):

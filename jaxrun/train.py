@@ -286,7 +286,7 @@ class JaxEngine:
         targets = jax.make_array_from_callback(shape, self.batch_sh, lambda idx: rows(idx)[1])
         return _scalar(self._eval_fn(self.params, inputs, targets))
 
-    def save(self, step: int) -> None:
+    def save(self, step: int, final: bool = False) -> None:  # Orbax's async save runs in threads: nothing to spare
         self.ckpt.save(step, {"params": self.params, "opt_state": self.opt_state},
                        engine.checkpoint_metadata(self.cfg, self.framework, self.process_count, self.versions(), step))
 

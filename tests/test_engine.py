@@ -289,7 +289,7 @@ class FakeEngine:
 
     def __init__(self, clock, step_s, lazy_s=0.0):
         self.clock, self.step_s, self.lazy_s = clock, list(step_s), lazy_s
-        self.settings, self.saved, self.events = {}, [], []
+        self.settings, self.saved, self.finals, self.events = {}, [], [], []
 
     def compile(self):
         return 0.0
@@ -313,9 +313,10 @@ class FakeEngine:
     def eval_loss(self, index):
         return 4.0
 
-    def save(self, step):
+    def save(self, step, final=False):
         self.clock.now += 0.25  # an intermediate save is part of the loop's wall clock
         self.saved.append(step)
+        self.finals.append(final)
 
     def finish(self):
         self.clock.now += 10.0  # the final wait is not
@@ -345,7 +346,7 @@ def _run_loop(tmp_path, monkeypatch, step_s, *overrides, lazy_s=0.0):
     cfg = _cfg(f"train.steps={len(step_s)}", *overrides)
     fake = FakeEngine(clock, step_s, lazy_s)
     summary = loop.run(fake, cfg, tmp_path, process_start=clock.now - 2.0, stopper=engine.Stopper())
-    return summary, metrics.read(tmp_path / "metrics.jsonl"), cfg
+    return summary, metrics.read(tmp_path / "metrics.jsonl"), cfg, fake
 
 
 def test_loop_throughput_figures_are_exact_from_fixed_step_times(tmp_path, monkeypatch):
@@ -353,8 +354,9 @@ def test_loop_throughput_figures_are_exact_from_fixed_step_times(tmp_path, monke
     `<= 1.5 x tokens_per_s`). Steps of 3, 1, 1, 1, 1 s with warmup_exclude=1, 0.25 s saves after steps 2 and 4
     (and the last, after the loop) and 10 s of final wait: the steady steps' wall clock is 4 s plus two saves;
     tokens_per_s is one step's tokens per second."""
-    s, recs, cfg = _run_loop(tmp_path, monkeypatch, [3.0, 1.0, 1.0, 1.0, 1.0], "train.warmup_exclude=1",
-                             "checkpoint.every=2", "train.global_batch=8", "model.seq_len=32")
+    s, recs, cfg, fake = _run_loop(tmp_path, monkeypatch, [3.0, 1.0, 1.0, 1.0, 1.0], "train.warmup_exclude=1",
+                                   "checkpoint.every=2", "train.global_batch=8", "model.seq_len=32")
+    assert (fake.saved, fake.finals) == ([2, 4, 5], [False, False, True])  # the engine knows which save is the last
     tokens = 8 * 32
     assert s["status"] == "ok" and s["timed_steps"] == 4
     assert s["tokens_per_s"] == pytest.approx(tokens / 1.0, rel=1e-12)
@@ -368,11 +370,11 @@ def test_loop_throughput_figures_are_exact_from_fixed_step_times(tmp_path, monke
 def test_a_lazy_framework_reports_its_compile_time_from_the_engine(tmp_path, monkeypatch):
     """Issue 24.26 (was: the Engine protocol has an annotation): an engine that compiles inside its first step
     (torch.compile) reports that time as compile_s and in a `compile` record, not the warm-up's extra time."""
-    s, recs, _ = _run_loop(tmp_path, monkeypatch, [3.0, 1.0, 1.0, 1.0], "train.warmup_exclude=1", lazy_s=1.75)
+    s, recs, _, _ = _run_loop(tmp_path, monkeypatch, [3.0, 1.0, 1.0, 1.0], "train.warmup_exclude=1", lazy_s=1.75)
     assert s["compile_s"] == 1.75 and s["compiles"] == 1
     assert [(r["seconds"], r["step"], r["scope"]) for r in recs if r["kind"] == "compile"] == [(1.75, 1, "train")]
     assert [r.get("compiled") for r in recs if r["kind"] == "step"] == [True, None, None, None]
-    s, recs, _ = _run_loop(tmp_path / "eager", monkeypatch, [3.0, 1.0, 1.0, 1.0], "train.warmup_exclude=1")
+    s, recs, _, _ = _run_loop(tmp_path / "eager", monkeypatch, [3.0, 1.0, 1.0, 1.0], "train.warmup_exclude=1")
     assert s["compile_s"] == 0.0 and s["warmup_excess_s"] == pytest.approx(2.0)
     assert not [r for r in recs if r["kind"] == "compile"]
 

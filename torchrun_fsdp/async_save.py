@@ -52,6 +52,11 @@ class AsyncSaver:
             return got.upload_completion
         return got
 
+    @property
+    def started(self) -> bool:
+        """Whether a save went through the checkpoint process (which then runs until the trainer ends)."""
+        return self.stager is not None
+
     def wait_for_staging(self) -> None:
         """Before the weights change: the staged copy of the last save must be complete."""
         if self.staging is not None:

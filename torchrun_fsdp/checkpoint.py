@@ -45,7 +45,10 @@ class Checkpointer:
         self.saver = AsyncSaver(device_type) if cfg.checkpoint.async_ else None
 
     # ------------------------------------------------------------------ save
-    def save(self, step: int, meta: Dict[str, Any]) -> None:
+    def save(self, step: int, meta: Dict[str, Any], final: bool = False) -> None:
+        """Save the state after `step` steps. `final`: the run's last save, which the trainer waits for next; when
+        no async save has started DCP's checkpoint process yet, it is written here, in the trainer (starting a
+        process per rank, with its interpreter, torch and a gloo group, only to wait for it would cost seconds)."""
         self.wait()
         tmp = self.store.staging_path(step)
         if self.rank == 0:
@@ -53,7 +56,7 @@ class Checkpointer:
         dist.barrier()
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state = {"model": model_sd, "optim": optim_sd}
-        if self.saver is not None:
+        if self.saver is not None and not (final and not self.saver.started):
             future = self.saver.start(state, **self.store.dcp_args(tmp))
             self.pending = (future, step, tmp, meta)
         else:

@@ -203,8 +203,9 @@ class TorchEngine:
             loss /= self.world
         return float(loss)
 
-    def save(self, step: int) -> None:
-        self.ckpt.save(step, engine.checkpoint_metadata(self.cfg, self.framework, self.world, self.versions(), step))
+    def save(self, step: int, final: bool = False) -> None:
+        self.ckpt.save(step, engine.checkpoint_metadata(self.cfg, self.framework, self.world, self.versions(), step),
+                       final=final)
 
     def finish(self) -> None:
         self.ckpt.close()

@@ -94,7 +94,8 @@ class Engine(Protocol):
     def restore(self) -> int: ...  # completed steps of the latest complete checkpoint, 0 if none
     def train_step(self, step: int, lr: float) -> tuple: ...  # (loss, grad_norm) as Python floats
     def eval_loss(self, index: int) -> float: ...  # mean loss of held-out batch `index` (no gradient), all processes
-    def save(self, step: int) -> None: ...  # start saving the state after `step` steps
+    def save(self, step: int, final: bool = False) -> None: ...  # start saving the state after `step` steps (final:
+    #   the run's last save, which the loop waits for next)
     def finish(self) -> None: ...  # wait for in-flight saves
     def any_process(self, flag: bool) -> bool: ...  # True if any process passes True (a collective)
     def peak_flops_per_device(self) -> float: ...
@@ -586,7 +587,7 @@ def run(engine: Engine, cfg: Config, cell_dir: Path, *, process_start: float, st
                 compiles.take(engine, "eval", done)
             if cadence.due(done, last):
                 c0 = time.perf_counter()
-                engine.save(done)
+                engine.save(done, final=last)
                 saves.append(time.perf_counter() - c0)
                 w.write("checkpoint", step=done, seconds=saves[-1])
                 if not last and timing.first_save_index is None:
