@@ -126,6 +126,23 @@ def test_async_checkpoint_and_non_finite_loss(tmp_path):
     assert sorted(d.name for d in ckpt.iterdir() if (d / "COMMIT").is_file()) == ["step_2", "step_4"]
 
 
+def test_the_checkpoint_process_starts_before_the_first_step_and_only_for_saves_before_the_last(tmp_path):
+    """Issue 26: DCP's checkpoint process, started inside the first async save, slowed the steps after it (its
+    interpreter and gloo set-up ran meanwhile). It now runs before step 1 where the run saves before its end,
+    and a run whose only save is its last writes that one in the trainer (no process per rank to wait for)."""
+    ready = "Checkpoint background process is running"
+    run_cell(tmp_path, "framework=torch", "devices=2", "train.steps=4", "checkpoint.every=2", "run.name=every2")
+    log = (tmp_path / "runs" / "every2" / "torch-d2" / "logs" / "torchrun.log").read_text()
+    assert log.count(ready) == 2, log[-3000:]  # one per rank
+    assert log.rindex(ready) < log.index("step 1/4"), log[-3000:]
+    ckpt = tmp_path / "ckpt" / "every2" / "torch-d2"
+    assert sorted(d.name for d in ckpt.iterdir() if (d / "COMMIT").is_file()) == ["step_2", "step_4"]
+    _, recs = run_cell(tmp_path, "framework=torch", "devices=2", "train.steps=2", "checkpoint.every=0", "run.name=last")
+    log = (tmp_path / "runs" / "last" / "torch-d2" / "logs" / "torchrun.log").read_text()
+    assert ready not in log and (tmp_path / "ckpt" / "last" / "torch-d2" / "step_2" / "COMMIT").is_file(), log[-3000:]
+    assert summary(recs)["checkpoint_saves"] == 1
+
+
 def test_failing_rank_is_surfaced(tmp_path):
     p, _ = run_cell(tmp_path, *STEPS, "devices=2", env={"SCALEOUT_FAULT": "crash@3:p1"}, check=False)
     assert p.returncode != 0

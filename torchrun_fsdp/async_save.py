@@ -6,8 +6,14 @@ pool with training: on a CPU host every step after the first save ran about 25 %
 BENCHMARKS.md). `AsyncSaver` saves the way torchtitan's `async_with_pinned_mem` does instead:
 
 - the write runs in DCP's checkpoint process (`AsyncCheckpointerType.PROCESS`: one daemon process per
-  rank, started at the first save and reused, with a gloo group of its own), not in a thread of the
-  trainer;
+  rank, reused from save to save, with a gloo group of its own), not in a thread of the trainer;
+- that process is started when the trainer starts (`start_process`, all ranks together) where the run
+  saves before its end: DCP would start it inside the first save, and its interpreter, torch import and
+  gloo set-up (seconds of CPU) then ran during the steps after it -- the 3 steps after the first save
+  of a `small` CPU run took 2.1, 2.2 and 1.7 s instead of 0.6 s (`python -m bench`'s
+  `ckpt_overhead_torch` 0.81). Started before the first step, it is start-up time, as it is. (What a
+  save still costs on a CPU host is the write itself, on the cores training uses: ~0.2-0.3 s of the
+  steps after it for `small`; a lower priority for the writer only spread that over more steps);
 - the state is staged by one `DefaultStager` kept for the whole run, into shared memory (so the
   checkpoint process reads it without a copy through the pipe) that is reused from save to save; on
   a GPU into pinned memory too, copied on a side stream while the next step computes
@@ -51,6 +57,18 @@ class AsyncSaver:
             self.staging = got.staging_completion
             return got.upload_completion
         return got
+
+    def start_process(self) -> None:
+        """Start DCP's checkpoint process now (every rank calls this at the same point: it is a collective on the
+        save's group) rather than inside the first save. Done through DCP's own executor module, whose process
+        the first `dcp.async_save` then finds running; where a torch lacks it, the first save starts one."""
+        try:
+            from torch.distributed.checkpoint import _async_process_executor as executor
+            make, info = executor._AsyncCheckpointProcess, executor._ProcessGroupInitInfo
+        except (ImportError, AttributeError):
+            return
+        if getattr(executor, "_CHECKPOINT_PROCESS", None) is None:
+            executor._CHECKPOINT_PROCESS = make(pg_init_info=info(self.group))
 
     @property
     def started(self) -> bool:

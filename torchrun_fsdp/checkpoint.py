@@ -43,6 +43,8 @@ class Checkpointer:
         self.store = StepStore(cfg.checkpoint.dir)
         self.pending: Optional[Tuple[Any, int, str, Dict[str, Any]]] = None
         self.saver = AsyncSaver(device_type) if cfg.checkpoint.async_ else None
+        if self.saver is not None and 0 < cfg.checkpoint.every < cfg.train.steps:  # saves before the last one
+            self.saver.start_process()
 
     # ------------------------------------------------------------------ save
     def save(self, step: int, meta: Dict[str, Any], final: bool = False) -> None:
