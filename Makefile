@@ -51,7 +51,7 @@ demo: $(VENV)/.installed
 	@echo "scaleout is installed in $(VENV), not on your PATH: 'source $(VENV)/bin/activate' before the README's other commands"
 
 test: $(VENV)/.installed-tpu-aot $(GPU_AOT_VENV)/.installed $(LLAMA_CPP)/convert_hf_to_gguf.py
-	SCALEOUT_LLAMA_CPP=$(abspath $(LLAMA_CPP)) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --durations=10 $(PYTEST_ARGS)
+	SCALEOUT_LLAMA_CPP=$(abspath $(LLAMA_CPP)) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --durations=30 $(PYTEST_ARGS)
 	SCALEOUT_GPU_AOT_TESTS=1 $(GPU_AOT_VENV)/bin/python -m pytest -m gpu_aot tests/test_aot.py
 
 .PHONY: install demo test
