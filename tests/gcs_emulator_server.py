@@ -20,8 +20,18 @@ revalidations conditional on them; OCDBT's manifest is updated only that way):
    failed not-match 304 Not Modified, and `ifGenerationMatch=0` means "no live object"; the rules here are
    those of the testbench (`make_json_preconditions` in testbench/common.py): on a read, delete or metadata
    patch a missing object is 404 before any precondition; on an upload the preconditions are checked against
-   the live object, if any. The emulator serves one request at a time, so a check and the write it guards
-   are atomic, as on GCS.
+   the live object, if any. The emulator processes one request at a time, so a check and the write it
+   guards are atomic, as on GCS.
+
+And one way in which it departs from any server: it handles one connection at a time (a plain
+`http.server.HTTPServer`, no socket timeout), so one client that connects and then stalls (a process
+stopped or blocked between its headers and its body) holds every other client of the emulator up, for
+ever; and with socketserver's listen backlog of 5, TensorStore's parallel requests (up to 32 at a time
+per process) overflow it and their connections wait out TCP's retransmission back-off. A CI run once saw
+two TPU workers' final saves hang so. Cloud Storage serves clients side by side. Here connections are
+accepted at once (a backlog of 128) and read concurrently (a thread each), a request's body is read
+whole before it waits for its turn, the requests are then processed one at a time as before, a client
+silent for `CLIENT_TIMEOUT_S` is dropped, and an upload cut short stores nothing.
 
 Preconditions are honoured on objects.get (metadata and media), objects.insert (media, multipart, and
 resumable: at the start and on every chunk, whose upload URL carries them), objects.delete and
@@ -33,8 +43,12 @@ compose, so such a request is refused (501) rather than run without its conditio
 from __future__ import annotations
 
 import argparse
+import io
 import logging
+import threading
+from functools import partial
 from http import HTTPStatus
+from http.server import ThreadingHTTPServer
 
 from gcp_storage_emulator import server
 from gcp_storage_emulator.exceptions import NotFound
@@ -164,6 +178,51 @@ def patch_emulator() -> None:
     objects.insert = wrappers[objects.insert]
 
 
+CLIENT_TIMEOUT_S = 60  # a client silent this long mid-request is dropped
+ONE_AT_A_TIME = threading.Lock()  # requests are processed in turn: a precondition and its write are atomic
+
+
+def _in_turn(do):
+    """A handler method that reads the request's whole body first (this connection's thread; a slow client
+    holds no one up), then processes the request when no other is being processed."""
+    def wrapped(self):
+        try:
+            body = server._read_raw_data(self)
+        except OSError:  # the client went silent (CLIENT_TIMEOUT_S) or away mid-body
+            self.close_connection = True
+            return
+        expected = self.headers.get("Content-Length")
+        if body is not None and expected and len(body) < int(expected):  # cut short: GCS stores nothing of it
+            self.close_connection = True
+            return
+        if body is not None:  # the emulator's handlers read it again, from memory now, at its real length
+            del self.headers["Transfer-Encoding"]
+            del self.headers["Content-Length"]
+            self.headers["Content-Length"] = str(len(body))
+            self.rfile = io.BytesIO(body)
+        with ONE_AT_A_TIME:
+            do(self)
+    return wrapped
+
+
+def serve_side_by_side() -> None:
+    handler = server.RequestHandler
+    handler.timeout = CLIENT_TIMEOUT_S
+    for name in ("do_GET", "do_POST", "do_PUT", "do_PATCH", "do_DELETE"):
+        setattr(handler, name, _in_turn(getattr(handler, name)))
+
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        request_queue_size = 128  # socketserver's 5: TensorStore's parallel writes from 2 workers overflowed it
+
+    def run(api):
+        api._httpd = Server((api._host, api._port), partial(handler, api._storage))
+        api.is_running.set()
+        api._httpd.serve_forever()
+
+    server.APIThread.run = run
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
@@ -171,6 +230,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.CRITICAL)
     patch_emulator()
+    serve_side_by_side()
     server.create_server(args.host, args.port, in_memory=True).run()
 
 

@@ -35,6 +35,31 @@ def _records(path):
 
 # --------------------------------------------------------------------------- the GCS emulator itself
 
+def test_a_client_that_stalls_mid_request_holds_no_other_client_up(gcs):
+    """A CI run saw two TPU workers' final saves to gs:// hang: the emulator handled one connection at a time,
+    without a timeout, so a client that connected and stalled blocked every other one. Cloud Storage serves
+    clients side by side: with a connection stalled after its headers and another half-way through its body,
+    a write and a read by another client still answer at once."""
+    import socket
+
+    host, port = gcs.url.split("//", 1)[1].split(":")
+    stalled = [socket.create_connection((host, int(port)), timeout=10) for _ in range(2)]
+    try:
+        stalled[0].sendall(b"GET /storage/v1/b HTTP/1.1\r\nHost: x\r\n")  # no blank line: the headers never end
+        stalled[1].sendall(f"POST /upload/storage/v1/b/{gcs.bucket}/o?uploadType=media&name=half HTTP/1.1\r\n"
+                           "Host: x\r\nContent-Length: 100\r\n\r\n0123456789".encode())  # 10 of 100 bytes
+        t0 = time.monotonic()  # urllib with a timeout: a blocked emulator fails the test instead of hanging it
+        put = urllib.request.Request(f"{gcs.url}/upload/storage/v1/b/{gcs.bucket}/o?uploadType=media&name=other%2Fa",
+                                     data=b"1", method="POST", headers={"Content-Type": "application/octet-stream"})
+        urllib.request.urlopen(put, timeout=10).read()
+        got = urllib.request.urlopen(f"{gcs.url}/storage/v1/b/{gcs.bucket}/o/other%2Fa?alt=media", timeout=10).read()
+        assert got == b"1" and time.monotonic() - t0 < 10
+    finally:
+        for c in stalled:
+            c.close()
+    assert not gcs.fs().exists(f"{gcs.bucket}/half")  # the upload that never finished wrote nothing
+
+
 def test_emulator_behaves_like_gcs_where_checkpoints_care(gcs):
     """No rename (gcsfs's moveTo is refused, so a move is a copy and a delete), directories are only
     prefixes of object names, and a listing is of what is there now."""
