@@ -20,11 +20,12 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
 # One JAX persistent compilation cache for the whole session (every xdist worker, every trainer the tests start,
-# the SLURM jobs): the tests compile the same few tiny programs hundreds of times, and a compile from the cache
-# costs ~0.1 s instead of ~5. The tests about compiling itself (tests/test_compile_records.py, the sweeps that
-# record compiles) pass a `jax.cache_dir` of their own and so start cold; `jax.compilation_cache=false` still
-# means no cache. The session's controller makes it before the workers start (they inherit its environment) and
-# removes it at the end. In-process JAX tests do not use it (some of them time compiles).
+# the SLURM jobs): the tests compile the same few tiny programs hundreds of times (the JAX cells of one CI run
+# spent 3,562 s compiling), and a compile answered from the cache is tracing and a lookup. The tests about
+# compiling itself (tests/test_compile_records.py, the sweeps that record compiles) pass a `jax.cache_dir` of
+# their own and so start cold; `jax.compilation_cache=false` still means no cache. The session's controller makes
+# it before the workers start (they inherit its environment) and removes it at the end. In-process JAX tests do
+# not use it (some of them time compiles).
 JAX_CACHE_ENV = "SCALEOUT_TEST_JAX_CACHE"
 
 
