@@ -1,9 +1,7 @@
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -18,40 +16,6 @@ import submitit  # noqa: F401
 ROOT = Path(__file__).resolve().parents[1]
 # In-process JAX tests see 4 simulated CPU devices (must be set before jax is imported).
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
-
-# One JAX persistent compilation cache for the whole session (every xdist worker, every trainer the tests start,
-# the SLURM jobs): the tests compile the same few tiny programs hundreds of times (the JAX cells of one CI run
-# spent 3,562 s compiling), and a compile answered from the cache is tracing and a lookup. The tests about
-# compiling itself (tests/test_compile_records.py, the sweeps that record compiles) pass a `jax.cache_dir` of
-# their own and so start cold; `jax.compilation_cache=false` still means no cache. The session's controller makes
-# it before the workers start (they inherit its environment) and removes it at the end. In-process JAX tests do
-# not use it (some of them time compiles).
-JAX_CACHE_ENV = "SCALEOUT_TEST_JAX_CACHE"
-
-
-def pytest_configure(config):
-    if not hasattr(config, "workerinput") and not os.environ.get(JAX_CACHE_ENV):
-        config._scaleout_jax_cache = tempfile.mkdtemp(prefix="scaleout-test-jax-cache-")
-        os.environ[JAX_CACHE_ENV] = config._scaleout_jax_cache
-
-
-def pytest_unconfigure(config):
-    made = getattr(config, "_scaleout_jax_cache", None)
-    if made:
-        shutil.rmtree(made, ignore_errors=True)
-
-
-def jax_cache() -> str:
-    """The session's shared JAX compilation cache: `jax.cache_dir=` + this, for a test that does not measure compiles."""
-    return os.environ[JAX_CACHE_ENV]
-
-
-def with_jax_cache(args):
-    """`scaleout run|sweep` arguments with the session's JAX cache unless they name a cache of their own."""
-    args = list(args)
-    if args and args[0] in ("run", "sweep") and not any(str(a).startswith("jax.cache_dir=") for a in args):
-        args.append(f"jax.cache_dir={jax_cache()}")
-    return args
 
 
 # `make test` runs the suite on pytest-xdist workers. The tests of these modules, and the others that ask for the
@@ -171,7 +135,7 @@ def scaleout(tmp_path, capsys):
         old = os.getcwd()
         os.chdir(tmp_path)
         try:
-            code = main(with_jax_cache(argv))
+            code = main(list(argv))
         finally:
             os.chdir(old)
         out = capsys.readouterr()
@@ -187,8 +151,8 @@ def status_rows(stdout: str):
 
 
 def run_cli(args, cwd, env=None, timeout=600):
-    """The CLI as a user runs it: a subprocess (`scaleout run|sweep` with the session's JAX cache, see `jax_cache`)."""
-    return subprocess.run([sys.executable, "-m", "launch", *with_jax_cache(args)], cwd=cwd, capture_output=True, text=True,
+    """The CLI as a user runs it: a subprocess."""
+    return subprocess.run([sys.executable, "-m", "launch", *args], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=timeout)
 
 
@@ -197,7 +161,8 @@ def run_cell(tmp_path, *overrides, env=None, timeout=600, check=True):
 
     Returns (completed process, records of the cell's metrics.jsonl)."""
     from launch.core import metrics
-    args = ["run", f"run.dir={tmp_path}/runs", f"checkpoint.dir={tmp_path}/ckpt", *overrides]
+    args = ["run", f"run.dir={tmp_path}/runs", f"checkpoint.dir={tmp_path}/ckpt",
+            f"jax.cache_dir={tmp_path}/jaxcache", *overrides]
     p = run_cli(args, cwd=tmp_path, env=env, timeout=timeout)
     if check:
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

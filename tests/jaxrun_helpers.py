@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
-from conftest import jax_cache, wait_for  # noqa: F401  (re-exported: the trainer tests import their helpers from here)
+from conftest import wait_for  # noqa: F401  (re-exported: the trainer tests import their helpers from here)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,7 +23,7 @@ def write_cell(cell_dir: Path, *overrides: str) -> Path:
     `cell_dir`/checkpoints unless an override says otherwise."""
     from launch import config
     cell_dir.mkdir(parents=True, exist_ok=True)
-    cfg = config.load([f"checkpoint.dir={cell_dir / 'checkpoints'}", f"jax.cache_dir={jax_cache()}",
+    cfg = config.load([f"checkpoint.dir={cell_dir / 'checkpoints'}", f"jax.cache_dir={cell_dir.parent / 'jaxcache'}",
                        f"run.dir={cell_dir.parent}", "checkpoint.async=false", *overrides])
     path = cell_dir / "config.yaml"
     config.save(cfg, path)

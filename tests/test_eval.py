@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from conftest import jax_cache, run_cli
+from conftest import run_cli
 
 from launch.core import metrics
 from launch.data import corpus, tokenizer as tokenize
@@ -16,7 +16,7 @@ def test_eval_loss_is_the_same_for_both_frameworks_and_device_counts(tmp_path):
     docs = corpus.write(tmp_path / "corpus.jsonl", docs=400)
     tokenize.prepare([str(docs)], str(tmp_path / "data" / "tokens.bin"), "bpe", 512, 0.1)
     args = ["sweep", f"run.dir={tmp_path}/runs", "run.name=ev", f"checkpoint.dir={tmp_path}/ckpt",
-            f"jax.cache_dir={jax_cache()}", "sweep.frameworks=[jax,torch]", "sweep.devices=[1,2]",
+            f"jax.cache_dir={tmp_path}/jaxcache", "sweep.frameworks=[jax,torch]", "sweep.devices=[1,2]",
             "sweep.scaling=strong", "train.steps=2", "train.eval_every=1", "train.eval_batches=2",
             "train.eval_batch_size=4", "train.global_batch=4", "data.source=file",
             f"data.path={tmp_path / 'data' / 'tokens.bin'}", "model.vocab_size=512", "metrics.tensorboard=true"]

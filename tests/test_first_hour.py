@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import jax_cache, run_cell, run_cli, summary
+from conftest import run_cell, run_cli, summary
 from test_slurm import CLUSTER, cluster  # noqa: F401 -- the real cluster's fixture (skips here, fails in CI, without one)
 
 from launch import config
@@ -302,7 +302,7 @@ def test_plan_compile_of_a_torch_cell_says_compile_and_flops(scaleout):
 def test_a_slurm_cell_has_its_logs_in_the_cell_and_runs_jax_on_the_cpu_alone(cluster, tmp_path):
     """On the real cluster: CELL/logs/ holds links to the task's submitit files, `scaleout logs` prints each file
     once, and the JAX trainer of a CPU node ran with JAX_PLATFORMS=cpu (nothing from libtpu in its log)."""
-    args = ["run", f"run.dir={tmp_path}/runs", f"jax.cache_dir={jax_cache()}", *CLUSTER, "devices=2", "train.steps=2",
+    args = ["run", f"run.dir={tmp_path}/runs", f"jax.cache_dir={tmp_path}/jc", *CLUSTER, "devices=2", "train.steps=2",
             "run.name=sl", "slurm.wait=true", "checkpoint.async=false"]
     p = run_cli(args, cwd=tmp_path, timeout=900)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]

@@ -19,7 +19,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import in_ci, jax_cache, losses, run_cell
+from conftest import in_ci, losses, run_cell
 
 from launch import config
 from launch.config import ConfigError
@@ -489,7 +489,7 @@ def test_export_of_a_moved_cell_reads_its_own_checkpoints_and_checks_their_run(t
 
     from jaxrun.checkpoint import load_params_numpy
     common = ["run", f"run.dir={tmp_path}/runs", "run.name=base", "train.steps=2", "checkpoint.every=2",
-              "checkpoint.async=false", f"jax.cache_dir={jax_cache()}"]
+              "checkpoint.async=false", f"jax.cache_dir={tmp_path}/jc"]
     assert run_cli(common, tmp_path).returncode == 0
     shutil.copytree(tmp_path / "runs" / "base", tmp_path / "moved" / "base", symlinks=True)
     shutil.rmtree(tmp_path / "runs" / "base")

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import jax_cache, losses, run_cell, summary
+from conftest import losses, run_cell, summary
 
 pytestmark = pytest.mark.slow
 STEPS = ["train.steps=12", "checkpoint.async=false"]
@@ -68,7 +68,7 @@ def test_sigkill_after_checkpoint_resumes_to_identical_weights(tmp_path):
     base = [*STEPS, "devices=2", "checkpoint.every=4", "checkpoint.keep=5"]
     run_cell(tmp_path, *base, "run.name=ref")
     args = [sys.executable, "-m", "launch", "run", f"run.dir={tmp_path}/runs", f"checkpoint.dir={tmp_path}/ckpt",
-            f"jax.cache_dir={jax_cache()}", *base, "run.name=killed"]
+            f"jax.cache_dir={tmp_path}/jaxcache", *base, "run.name=killed"]
     proc = subprocess.Popen(args, cwd=tmp_path, env={**os.environ, "SCALEOUT_FAULT": "hang@7"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     ckpt = tmp_path / "ckpt" / "killed" / "jax-d2"

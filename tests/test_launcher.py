@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, jax_cache, processes_mentioning, run_cli, wait_for
+from conftest import ROOT, processes_mentioning, run_cli, wait_for
 from test_layering import modules as _modules
 
 PACKAGES = ("launch", "jaxrun", "torchrun_fsdp")
@@ -59,7 +59,7 @@ def test_plan_script_is_the_one_submitted(tmp_path):
 
 def test_same_run_name_in_another_run_dir_starts_fresh(tmp_path):
     """Checkpoints default to the run directory: a fresh run.dir never resumes another run's checkpoint."""
-    common = ["run.name=same", "train.steps=4", "checkpoint.every=2", f"jax.cache_dir={jax_cache()}"]
+    common = ["run.name=same", "train.steps=4", "checkpoint.every=2", f"jax.cache_dir={tmp_path}/jc"]
     a = run_cli(["run", f"run.dir={tmp_path}/a", *common], tmp_path)
     assert a.returncode == 0, a.stderr[-2000:]
     assert list((tmp_path / "a" / "same" / "jax-d1" / "checkpoints").iterdir())
@@ -72,7 +72,7 @@ def test_same_run_name_in_another_run_dir_starts_fresh(tmp_path):
 
 def test_shared_checkpoint_dir_of_another_run_is_refused(tmp_path):
     """An explicit checkpoint.dir that holds another run's checkpoints: one sentence, exit 2, nothing touched."""
-    common = ["run.name=same", "train.steps=2", f"checkpoint.dir={tmp_path}/ckpt", f"jax.cache_dir={jax_cache()}"]
+    common = ["run.name=same", "train.steps=2", f"checkpoint.dir={tmp_path}/ckpt", f"jax.cache_dir={tmp_path}/jc"]
     a = run_cli(["run", f"run.dir={tmp_path}/a", *common], tmp_path)
     assert a.returncode == 0, a.stderr[-2000:]
     before = sorted(str(p) for p in (tmp_path / "ckpt").rglob("*"))
@@ -128,7 +128,7 @@ def test_checkpoint_load_from_is_checked_before_the_cell_is_written(tmp_path, sc
 
 def test_run_refuses_a_finished_cell_with_other_math(tmp_path):
     """`scaleout run` with different math on an existing cell is refused before anything is written (issue 13.4)."""
-    args = ["run", f"run.dir={tmp_path}/runs", "run.name=r", "train.steps=2", f"jax.cache_dir={jax_cache()}"]
+    args = ["run", f"run.dir={tmp_path}/runs", "run.name=r", "train.steps=2", f"jax.cache_dir={tmp_path}/jc"]
     assert run_cli(args, tmp_path).returncode == 0
     cell = tmp_path / "runs" / "r" / "jax-d1"
     config_before, metrics_before = (cell / "config.yaml").read_text(), (cell / "metrics.jsonl").read_text()
@@ -152,7 +152,7 @@ def _pids_with(text):
 
 
 def _launch(tmp_path, *extra, env=None):
-    args = [sys.executable, "-m", "launch", "run", f"run.dir={tmp_path}/runs", "run.name=r", f"jax.cache_dir={jax_cache()}", *extra]
+    args = [sys.executable, "-m", "launch", "run", f"run.dir={tmp_path}/runs", "run.name=r", f"jax.cache_dir={tmp_path}/jc", *extra]
     return subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **(env or {})})
 
@@ -164,7 +164,7 @@ def test_second_launcher_on_a_running_cell_is_refused(tmp_path):
     cell = tmp_path / "runs" / "r" / "jax-d1"
     try:
         wait_for(lambda: _steps(cell), what="the first run's steps")
-        second = run_cli(["run", f"run.dir={tmp_path}/runs", "run.name=r", f"jax.cache_dir={jax_cache()}", *SLOW_HANG], tmp_path)
+        second = run_cli(["run", f"run.dir={tmp_path}/runs", "run.name=r", f"jax.cache_dir={tmp_path}/jc", *SLOW_HANG], tmp_path)
         assert second.returncode == 2
         assert f"cell jax-d1 is being run by PID {first.pid}" in second.stderr, second.stderr
     finally:

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from conftest import jax_cache, run_cli
+from conftest import run_cli
 
 from launch import config
 from launch.common import files
@@ -22,7 +22,7 @@ from launch.launcher.rundir import RunDir
 
 
 def _cells(tmp_path, *overrides):
-    cfg = config.load([f"run.dir={tmp_path}/runs", "run.name=r", f"jax.cache_dir={jax_cache()}", *overrides])
+    cfg = config.load([f"run.dir={tmp_path}/runs", "run.name=r", f"jax.cache_dir={tmp_path}/jc", *overrides])
     run = RunDir(cfg)
     return run, sweep.single(cfg, run)
 
@@ -89,7 +89,7 @@ def test_two_run_directories_racing_for_one_checkpoint_root(tmp_path, monkeypatc
             barrier.wait()  # both have passed the check: now both claim
 
     monkeypatch.setattr(rundir, "check_checkpoint_owner", checked_then_wait)
-    common = ["run.name=same", f"checkpoint.dir={tmp_path}/ckpt", f"jax.cache_dir={jax_cache()}"]
+    common = ["run.name=same", f"checkpoint.dir={tmp_path}/ckpt", f"jax.cache_dir={tmp_path}/jc"]
     runs = [RunDir(config.load([f"run.dir={tmp_path}/{d}", *common])) for d in ("a", "b")]
     cells = [sweep.single(r.cfg, r) for r in runs]
     out = _race(*(lambda r=r, c=c: r.write(c) for r, c in zip(runs, cells)))
@@ -108,7 +108,7 @@ def test_a_refused_write_leaves_no_claim(tmp_path, monkeypatch):
     """Another run claims a sweep's second checkpoint place between the sweep's check and its claims: the sweep is
     refused, and the first cell's place, claimed a moment before, is released again (a refused run leaves no
     claim and no identity behind)."""
-    common = [f"checkpoint.dir={tmp_path}/ckpt", f"jax.cache_dir={jax_cache()}", "run.name=same"]
+    common = [f"checkpoint.dir={tmp_path}/ckpt", f"jax.cache_dir={tmp_path}/jc", "run.name=same"]
     other = RunDir(config.load([f"run.dir={tmp_path}/other", *common, "framework=torch"]))
     other.write(sweep.single(other.cfg, other))
     monkeypatch.setattr(rundir, "check_checkpoint_owner", lambda cell_cfg, run_path: None)  # checked before the claim
@@ -126,7 +126,7 @@ def test_two_launches_at_once_then_both_cells_rerun(tmp_path):
     """Two real `scaleout run` processes started together on a new run directory (different cells), then both
     commands again: both first runs succeed, run.json's id is in both cells' configs, and both reruns are
     accepted (the issue's reproducer: the second rerun was refused, its cell could never resume)."""
-    common = [f"run.dir={tmp_path}/runs", "run.name=r", f"jax.cache_dir={jax_cache()}", "train.steps=2"]
+    common = [f"run.dir={tmp_path}/runs", "run.name=r", f"jax.cache_dir={tmp_path}/jc", "train.steps=2"]
     argv = [[sys.executable, "-m", "launch", "run", *common, f"devices={d}"] for d in (1, 2)]
     procs = [subprocess.Popen(a, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for a in argv]
     outs = [p.communicate(timeout=600) for p in procs]

@@ -10,11 +10,11 @@ import time
 
 import numpy as np
 import pytest
-from conftest import jax_cache, processes_mentioning, run_cli
+from conftest import processes_mentioning, run_cli
 
 
 def _sweep_args(tmp_path, name, *extra):
-    return ["sweep", f"run.dir={tmp_path}/runs", f"run.name={name}", f"jax.cache_dir={jax_cache()}", "sweep.devices=[2]",
+    return ["sweep", f"run.dir={tmp_path}/runs", f"run.name={name}", f"jax.cache_dir={tmp_path}/jc", "sweep.devices=[2]",
             "train.steps=12", "checkpoint.every=2", "train.global_batch=4", *extra]
 
 
@@ -78,7 +78,7 @@ def test_chaos_random_kills_then_reruns_give_the_undisturbed_result(tmp_path):
 def test_torch_failure_shows_the_trainers_own_error(tmp_path):
     """A failing PyTorch rank: the launcher prints the trainer's error line, not only torchrun's boilerplate (13.10)."""
     p = run_cli(["run", f"run.dir={tmp_path}/runs", "framework=torch", "devices=2", "train.steps=6",
-                 f"jax.cache_dir={jax_cache()}"], tmp_path, env={"SCALEOUT_FAULT": "crash@3:p1"})
+                 f"jax.cache_dir={tmp_path}/jc"], tmp_path, env={"SCALEOUT_FAULT": "crash@3:p1"})
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
     failure = p.stderr.split("cell torch-d2 failed", 1)[1]
     assert "injected crash at step 3" in failure, p.stderr[-3000:]
@@ -123,7 +123,7 @@ def test_sigkill_during_an_async_save_resumes_from_a_committed_step(tmp_path, fr
             "checkpoint.keep=5"]
     run_cell(tmp_path, *base, "run.name=ref")
     args = [sys.executable, "-m", "launch", "run", f"run.dir={tmp_path}/runs", f"checkpoint.dir={tmp_path}/ckpt",
-            f"jax.cache_dir={jax_cache()}", *base, "run.name=killed"]
+            f"jax.cache_dir={tmp_path}/jaxcache", *base, "run.name=killed"]
     proc = subprocess.Popen(args, cwd=tmp_path, env={**os.environ, "SCALEOUT_FAULT": "hold@9"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     ckpt = tmp_path / "ckpt" / "killed" / f"{framework}-d2"

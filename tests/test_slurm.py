@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import in_ci, jax_cache, losses, run_cell, run_cli, status_rows, summary
+from conftest import in_ci, losses, run_cell, run_cli, status_rows, summary
 
 from launch import config
 from launch.config import ConfigError
@@ -30,7 +30,7 @@ def cluster():
 
 
 def _args(tmp_path, *extra):
-    return [f"run.dir={tmp_path}/runs", f"checkpoint.dir={tmp_path}/ckpt", f"jax.cache_dir={jax_cache()}", *CLUSTER, *extra]
+    return [f"run.dir={tmp_path}/runs", f"checkpoint.dir={tmp_path}/ckpt", f"jax.cache_dir={tmp_path}/jc", *CLUSTER, *extra]
 
 
 def _status(tmp_path, run):

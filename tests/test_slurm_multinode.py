@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import in_ci, jax_cache, losses, run_cli, summary
+from conftest import in_ci, losses, run_cli, summary
 
 from launch.core import gpus, metrics
 from launch.targets.slurm import queue as slurm_queue
@@ -262,7 +262,7 @@ def test_each_task_selects_its_own_gpu(gpu_partition, tmp_path, binding):
 
 
 def _cli_args(tmp_path, *extra):
-    return [f"run.dir={tmp_path}/runs", f"jax.cache_dir={jax_cache()}", *TWO_NODES, *extra]
+    return [f"run.dir={tmp_path}/runs", f"jax.cache_dir={tmp_path}/jc", *TWO_NODES, *extra]
 
 
 def _records(path: Path):
@@ -308,7 +308,7 @@ def test_sweep_of_jax_and_torch_on_two_nodes(gpu_partition, tmp_path):
     for name, j in jobs.items():  # 2 tasks on each of 2 nodes, as submitit saw them
         assert _task_placements(run, j) == [(0, 0), (0, 1), (1, 0), (1, 1)], name
 
-    local = ["sweep", f"run.dir={tmp_path}/runs", f"jax.cache_dir={jax_cache()}", "target=local", "devices=4",
+    local = ["sweep", f"run.dir={tmp_path}/runs", f"jax.cache_dir={tmp_path}/jc", "target=local", "devices=4",
              "run.name=local", *common]
     p = run_cli(local, cwd=tmp_path, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -359,7 +359,7 @@ def test_preempted_two_node_cell_is_requeued_and_resumes(gpu_partition, tmp_path
     states = run_cli(["status", str(run)], cwd=tmp_path)
     assert states.returncode == 0 and "requeued 1x" in states.stdout and " ok " in states.stdout, states.stdout
 
-    ref_args = ["run", f"run.dir={tmp_path}/runs", f"jax.cache_dir={jax_cache()}", "target=local", "devices=4",
+    ref_args = ["run", f"run.dir={tmp_path}/runs", f"jax.cache_dir={tmp_path}/jc", "target=local", "devices=4",
                 "run.name=ref", *common]
     p = run_cli(ref_args, cwd=tmp_path, timeout=900)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
