@@ -27,8 +27,9 @@ And one way in which it departs from any server: it handles one connection at a 
 `http.server.HTTPServer`, no socket timeout), so one client that connects and then stalls (a process
 stopped or blocked between its headers and its body) holds every other client of the emulator up, for
 ever; and with socketserver's listen backlog of 5, TensorStore's parallel requests (up to 32 at a time
-per process) overflow it and their connections wait out TCP's retransmission back-off. A CI run once saw
-two TPU workers' final saves hang so. Cloud Storage serves clients side by side. Here connections are
+per process) overflow it and their connections wait out TCP's retransmission back-off (found while looking
+for why a CI run's TPU workers hung in their final save; that hang persisted without this). Cloud Storage
+serves clients side by side. Here connections are
 accepted at once (a backlog of 128) and read concurrently (a thread each), a request's body is read
 whole before it waits for its turn, the requests are then processed one at a time as before, a client
 silent for `CLIENT_TIMEOUT_S` is dropped, and an upload cut short stores nothing.

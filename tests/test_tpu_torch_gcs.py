@@ -36,8 +36,8 @@ def _records(path):
 # --------------------------------------------------------------------------- the GCS emulator itself
 
 def test_a_client_that_stalls_mid_request_holds_no_other_client_up(gcs):
-    """A CI run saw two TPU workers' final saves to gs:// hang: the emulator handled one connection at a time,
-    without a timeout, so a client that connected and stalled blocked every other one. Cloud Storage serves
+    """The emulator handled one connection at a time, without a timeout, so a client that connected and
+    stalled blocked every other one. Cloud Storage serves
     clients side by side: with a connection stalled after its headers and another half-way through its body,
     a write and a read by another client still answer at once."""
     import socket
