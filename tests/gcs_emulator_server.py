@@ -29,10 +29,10 @@ stopped or blocked between its headers and its body) holds every other client of
 ever; and with socketserver's listen backlog of 5, TensorStore's parallel requests (up to 32 at a time
 per process) overflow it and their connections wait out TCP's retransmission back-off (found while looking
 for why a CI run's TPU workers hung in their final save; that hang persisted without this). Cloud Storage
-serves clients side by side. Here connections are
-accepted at once (a backlog of 128) and read concurrently (a thread each), a request's body is read
-whole before it waits for its turn, the requests are then processed one at a time as before, a client
-silent for `CLIENT_TIMEOUT_S` is dropped, and an upload cut short stores nothing.
+serves clients side by side. Here connections are accepted at once (a backlog of 128) and read
+concurrently (a thread each), a request's body is read whole before it waits for its turn, the requests
+are then processed one at a time as before, a client silent for `CLIENT_TIMEOUT_S` is dropped, and an
+upload cut short stores nothing.
 
 Preconditions are honoured on objects.get (metadata and media), objects.insert (media, multipart, and
 resumable: at the start and on every chunk, whose upload URL carries them), objects.delete and
@@ -214,7 +214,7 @@ def serve_side_by_side() -> None:
 
     class Server(ThreadingHTTPServer):
         daemon_threads = True
-        request_queue_size = 128  # socketserver's 5: TensorStore's parallel writes from 2 workers overflowed it
+        request_queue_size = 128  # socketserver's 5: TensorStore's parallel writes from 2 workers can overflow it
 
     def run(api):
         api._httpd = Server((api._host, api._port), partial(handler, api._storage))

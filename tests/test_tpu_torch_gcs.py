@@ -37,9 +37,9 @@ def _records(path):
 
 def test_a_client_that_stalls_mid_request_holds_no_other_client_up(gcs):
     """The emulator handled one connection at a time, without a timeout, so a client that connected and
-    stalled blocked every other one. Cloud Storage serves
-    clients side by side: with a connection stalled after its headers and another half-way through its body,
-    a write and a read by another client still answer at once."""
+    stalled blocked every other one. Cloud Storage serves clients side by side: with a connection stalled
+    after its headers and another half-way through its body, a write and a read by another client still
+    answer at once, and the upload cut short stores nothing."""
     import socket
 
     host, port = gcs.url.split("//", 1)[1].split(":")
